@@ -1,0 +1,80 @@
+"""The ``sim`` device: the bit-exact NumPy reference models behind the device protocol."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Mapping
+
+import numpy as np
+
+from offload.host.device import DeviceError, DeviceInfo, KernelHandle, register_device
+from offload.kernels.registry import Kernel, get_kind
+
+__all__ = ["SimDevice"]
+
+
+class SimDevice:
+    """Runs each kernel's reference model from :mod:`offload.sim`.
+
+    Example::
+
+        dev = SimDevice()
+        h = dev.load(kernel)
+        out = dev.run(h, inputs)
+    """
+
+    def __init__(self, spec: str = "sim") -> None:
+        self.name = spec
+        self._kernels: list[Kernel] = []
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def load(self, kernel: Kernel) -> KernelHandle:
+        get_kind(kernel.kind)  # unknown kinds fail at load, not at first run
+        # Resident copies: later changes to the caller's arrays must not reach the "device".
+        frozen = Kernel(kernel.name, kernel.spec, {k: np.array(v, copy=True) for k, v in kernel.tensors.items()})
+        for v in frozen.tensors.values():
+            v.setflags(write=False)
+        with self._lock:
+            self._check_open()
+            self._kernels.append(frozen)
+            slot = len(self._kernels) - 1
+        return KernelHandle(self.name, kernel.name, kernel.kind, slot)
+
+    def _get(self, handle: KernelHandle) -> Kernel:
+        if handle.device != self.name or not (0 <= handle.slot < len(self._kernels)):
+            raise DeviceError(f"kernel handle {handle} does not belong to device {self.name!r}")
+        return self._kernels[handle.slot]
+
+    def run(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
+        self._check_open()
+        k = self._get(handle)
+        kind = get_kind(k.kind)
+        kind.validate(k.spec, k.tensors, inputs)
+        return kind.reference(k.spec, k.tensors, inputs)
+
+    def submit(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
+        with self._lock:
+            self._check_open()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="offload-sim")
+            return self._pool.submit(self.run, handle, inputs, timeout)
+
+    def info(self) -> DeviceInfo:
+        return DeviceInfo(self.name, "sim", "bit-exact NumPy reference models", {"kernels": len(self._kernels)})
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DeviceError(f"device {self.name!r} is closed")
+
+
+register_device("sim", SimDevice)

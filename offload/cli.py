@@ -1,0 +1,23 @@
+"""The ``offload`` command line. Subcommands live in the modules that own them and are added here."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="offload")
+def main() -> None:
+    """offload: PyTorch operators on Alveo FPGA cards, with a bit-exact simulator for card-free work."""
+
+
+@main.command()
+def demo() -> None:
+    """Run the main demo (what README.md's first command runs)."""
+    from offload.demo import run_demo
+
+    run_demo()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

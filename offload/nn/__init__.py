@@ -1,0 +1,1 @@
+"""PyTorch modules whose forward runs on the active offload device."""
