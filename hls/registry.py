@@ -1,0 +1,95 @@
+"""Registry of HLS kernel generators: how each kernel kind becomes C++ and how its buffers look.
+
+A kernel's top function is the ABI shared by every device that runs the real C++: the ``emu``
+device compiles the sources with g++ into a shared library and calls the top function through
+ctypes with host buffers; the ``xrt``/``pynq`` devices allocate one buffer object per pointer
+argument (in the memory bank of that argument) and start the compute unit with the same
+arguments in the same order. Marshalling (``pack_*`` / ``unpack_outputs``) is therefore written
+once per kind, here, and shared by all of them.
+
+Example::
+
+    from offload.hls.registry import get_hls_kind
+    hk = get_hls_kind("embedding")
+    srcs = hk.sources(spec)                 # {"offload_embedding.cpp": "...", ...}
+    args = hk.top_args(spec)                # [KernelArg("table0", "resident", np.int16), ...]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["KernelArg", "HlsKind", "register_hls_kind", "get_hls_kind"]
+
+Role = Literal["resident", "input", "output", "scalar"]
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One argument of a kernel's top function, in call order.
+
+    ``role``: ``resident`` (uploaded at load, stays on the card: tables, weights), ``input`` /
+    ``output`` (per-call buffers), ``scalar`` (passed by value through s_axilite).
+    ``dtype`` is the NumPy element type of the buffer (or of the scalar). ``bundle`` names the
+    m_axi bundle, i.e. the memory port that connectivity maps to an HBM/DDR bank.
+    """
+
+    name: str
+    role: Role
+    dtype: Any
+    bundle: str | None = None
+
+
+@dataclass(frozen=True)
+class HlsKind:
+    """How one kernel kind is generated and marshalled.
+
+    - ``top_name(spec)``: the C/C++ top function name (``extern "C"``).
+    - ``sources(spec)``: generated C++ sources, file name -> text (headers included).
+    - ``top_args(spec)``: the top function's arguments, in order.
+    - ``pack_resident(spec, tensors)``: resident tensors -> buffers for the ``resident`` args.
+    - ``pack_inputs(spec, inputs)``: per-call inputs -> buffers/values for ``input``, ``scalar``
+      args, and the *shapes* to allocate for ``output`` args (as zero arrays).
+    - ``unpack_outputs(spec, inputs, buffers)``: output buffers -> the kind's output dict, the same
+      dict the sim reference returns.
+    """
+
+    name: str
+    top_name: Callable[[Any], str]
+    sources: Callable[[Any], dict[str, str]]
+    top_args: Callable[[Any], Sequence[KernelArg]]
+    pack_resident: Callable[[Any, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+    pack_inputs: Callable[[Any, Mapping[str, np.ndarray]], dict[str, Any]]
+    unpack_outputs: Callable[[Any, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+_KINDS: dict[str, HlsKind] = {}
+
+
+def register_hls_kind(kind: HlsKind) -> HlsKind:
+    """Register a generator (idempotent for the same object)."""
+    prev = _KINDS.get(kind.name)
+    if prev is not None and prev is not kind:
+        raise ValueError(f"HLS kind {kind.name!r} is already registered")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def get_hls_kind(name: str) -> HlsKind:
+    """The generator for kernel kind ``name``; ``KeyError`` lists the known ones."""
+    if name not in _KINDS:
+        import importlib
+
+        for mod in ("offload.hls.embedding", "offload.hls.mlp"):
+            try:
+                importlib.import_module(mod)
+            except ModuleNotFoundError as e:
+                if e.name != mod:
+                    raise
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise KeyError(f"no HLS generator for kernel kind {name!r}; known: {sorted(_KINDS)}") from None

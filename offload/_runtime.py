@@ -1,0 +1,52 @@
+"""Resident kernels for the torch ops.
+
+torch.library schemas carry tensors and scalars, not Python objects, so a module registers its
+kernel here once (uploading tables/weights to the device) and passes the returned integer id to
+the op. The op looks the id up and runs on that device.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+from offload.host import Device, KernelHandle, default_device
+from offload.kernels import Kernel
+
+__all__ = ["Resident", "make_resident", "get_resident", "release_resident"]
+
+
+@dataclass(frozen=True)
+class Resident:
+    id: int
+    kernel: Kernel
+    device: Device
+    handle: KernelHandle
+
+
+_TABLE: dict[int, Resident] = {}
+_IDS = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+def make_resident(kernel: Kernel, device: str | Device | None = None) -> Resident:
+    """Load ``kernel`` on ``device`` (a spec string, a Device, or None for the active device)."""
+    dev = device if (device is not None and not isinstance(device, str)) else default_device(device)
+    handle = dev.load(kernel)
+    with _LOCK:
+        rid = next(_IDS)
+        res = _TABLE[rid] = Resident(rid, kernel, dev, handle)
+    return res
+
+
+def get_resident(rid: int) -> Resident:
+    try:
+        return _TABLE[int(rid)]
+    except KeyError:
+        raise KeyError(f"no resident offload kernel with id {rid}: was its module released?") from None
+
+
+def release_resident(rid: int) -> None:
+    with _LOCK:
+        _TABLE.pop(int(rid), None)
