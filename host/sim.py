@@ -43,6 +43,10 @@ class SimDevice:
             slot = len(self._kernels) - 1
         return KernelHandle(self.name, kernel.name, kernel.kind, slot)
 
+    def load_bundle(self, bundle) -> dict[str, KernelHandle]:
+        """Load every kernel of a :class:`offload.host.bundle.Bundle`; name -> handle."""
+        return {name: self.load(k) for name, k in bundle.kernels.items()}
+
     def _get(self, handle: KernelHandle) -> Kernel:
         if handle.device != self.name or not (0 <= handle.slot < len(self._kernels)):
             raise DeviceError(f"kernel handle {handle} does not belong to device {self.name!r}")

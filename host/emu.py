@@ -1,0 +1,171 @@
+"""The ``emu`` device: each kernel's HLS C++ compiled with g++ and run with card buffer semantics.
+
+It plays the role of XRT software emulation without a Vitis install. The top function generated
+by ``HlsKind.sources(spec)`` is built as a shared library (``offload.hls.csim``) and called
+through ctypes. Buffers behave as on a card: the device side is a separate copy; resident
+buffers are copied once at ``load``; per call, host input (and output) buffers are copied
+("synced") into pooled device buffers, the top function runs on the device copies only, and the
+outputs are copied back. A kernel that read host memory or skipped a sync would differ from sim.
+
+Example::
+
+    from offload.host import open_device
+    dev = open_device("emu")
+    h = dev.load(kernel)
+    out = dev.run(h, inputs)          # same dict, bit for bit, as open_device("sim")
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from offload.hls import csim
+from offload.hls.registry import KernelArg, get_hls_kind
+from offload.host._buffered import BufferedDevice, Loaded
+from offload.host._pool import BufferPool
+from offload.host.device import register_device
+
+__all__ = ["EmuDevice", "EmuTop", "load_top"]
+
+_CTYPES = {
+    np.dtype(np.int8): ctypes.c_int8,
+    np.dtype(np.uint8): ctypes.c_uint8,
+    np.dtype(np.int16): ctypes.c_int16,
+    np.dtype(np.uint16): ctypes.c_uint16,
+    np.dtype(np.int32): ctypes.c_int32,
+    np.dtype(np.uint32): ctypes.c_uint32,
+    np.dtype(np.int64): ctypes.c_int64,
+    np.dtype(np.uint64): ctypes.c_uint64,
+    np.dtype(np.float32): ctypes.c_float,
+    np.dtype(np.float64): ctypes.c_double,
+}
+
+
+@dataclass(frozen=True)
+class EmuTop:
+    """A kernel's top function built with g++, called with arrays (pointer args) and numbers (scalars)."""
+
+    name: str
+    args: tuple[KernelArg, ...]
+    library: str
+    _fn: Any
+
+    def __call__(self, values: Sequence[Any]) -> None:
+        if len(values) != len(self.args):
+            raise TypeError(f"{self.name}: {len(self.args)} arguments expected, got {len(values)}")
+        cargs = []
+        for a, v in zip(self.args, values):
+            if a.role == "scalar":
+                cargs.append(v)
+            else:
+                if not (isinstance(v, np.ndarray) and v.flags.c_contiguous):
+                    raise TypeError(f"{self.name}: argument {a.name!r} needs a C-contiguous array")
+                cargs.append(ctypes.c_void_p(v.ctypes.data))
+        self._fn(*cargs)
+
+
+_TOP_LOCK = threading.Lock()
+
+
+def load_top(spec: Any) -> EmuTop:
+    """Build (cached) and load the top function of the kernel described by ``spec``.
+
+    Example::
+
+        top = load_top(kernel.spec)
+        top([table_dev, idx_dev, out_dev, 128])   # arrays are passed as pointers
+    """
+    hk = get_hls_kind(spec.kind)
+    args = tuple(hk.top_args(spec))
+    name = hk.top_name(spec)
+    lib_path = csim.build(hk.sources(spec), shared=True)
+    lib = csim.load_library(lib_path)
+    # A fresh function object per call site: argtypes set here must not race another loader.
+    with _TOP_LOCK:
+        fn = getattr(lib, name)
+        argtypes = []
+        for a in args:
+            if a.role == "scalar":
+                dt = np.dtype(a.dtype)
+                if dt not in _CTYPES:
+                    raise TypeError(f"{name}: scalar argument {a.name!r} has unsupported dtype {dt}")
+                argtypes.append(_CTYPES[dt])
+            else:
+                argtypes.append(ctypes.c_void_p)
+        fn.argtypes = argtypes
+        fn.restype = None
+    return EmuTop(name, args, str(lib_path), fn)
+
+
+@dataclass
+class _EmuKernel:
+    top: EmuTop
+    resident: dict[str, np.ndarray]  # the device-side copies
+    lock: threading.Lock  # one compute unit: one call at a time, as on the card
+
+
+def _alloc_device(bank: Any, size: int) -> np.ndarray:
+    return np.empty(size, dtype=np.uint8)
+
+
+class EmuDevice(BufferedDevice):
+    """Runs the kernels' HLS C++ (g++-built) behind card buffer semantics; see the module doc."""
+
+    kind = "emu"
+
+    def __init__(self, spec: str = "emu") -> None:
+        super().__init__(spec)
+        self._pool: BufferPool[np.ndarray] = BufferPool(_alloc_device)
+
+    def _upload(self, loaded: Loaded, resident: dict[str, np.ndarray]) -> _EmuKernel:
+        top = load_top(loaded.kernel.spec)
+        return _EmuKernel(top, {k: np.array(v, copy=True) for k, v in resident.items()}, threading.Lock())
+
+    def _execute(self, loaded: Loaded, values: dict[str, Any], timeout: float | None) -> dict[str, np.ndarray]:
+        state: _EmuKernel = loaded.state
+
+        def call() -> dict[str, np.ndarray]:
+            taken = []
+            try:
+                call_args: list[Any] = []
+                outs: list[tuple[str, np.ndarray, np.ndarray]] = []
+                for a in loaded.args:
+                    if a.role == "resident":
+                        call_args.append(state.resident[a.name])
+                    elif a.role == "scalar":
+                        call_args.append(values[a.name])
+                    else:
+                        host = values[a.name]
+                        key, raw = self._pool.acquire(a.bundle, host.nbytes)
+                        taken.append((key, raw))
+                        dev = raw[: host.nbytes].view(host.dtype).reshape(host.shape)
+                        # Outputs are synced too: the contract hands them over as zero arrays.
+                        np.copyto(dev, host)
+                        call_args.append(dev)
+                        if a.role == "output":
+                            outs.append((a.name, host, dev))
+                with state.lock:
+                    state.top(call_args)
+                return {name: dev.copy() for name, _host, dev in outs}
+            finally:
+                for key, raw in taken:
+                    self._pool.release(key, raw)
+
+        return self._with_timeout(call, timeout, f"kernel {loaded.kernel.name!r} ({loaded.top})")
+
+    def _details(self) -> dict[str, Any]:
+        return {"buffer_allocations": self._pool.allocations}
+
+    def _description(self) -> str:
+        return "HLS C++ built with g++, card buffer semantics (software emulation)"
+
+    def _shutdown(self) -> None:
+        self._pool.close()
+
+
+register_device("emu", EmuDevice)
