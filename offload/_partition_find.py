@@ -1,0 +1,169 @@
+"""Find offload candidates in a torch.fx graph (shared by ``offload.offload`` and ``offload.advise``).
+
+A candidate is an ``nn.EmbeddingBag`` / ``nn.Embedding`` call, an ``F.embedding_bag`` call on a
+parameter, or a maximal MLP chain: consecutive ``call_module`` nodes of supported layer types, each
+feeding only the next, starting at a ``Linear``. Everything else is reported, never touched.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["Candidate", "find_candidates", "trace", "MLP_LAYERS", "OPS"]
+
+OPS = ("embedding_bag", "embedding", "mlp")
+# Layers the MLP kernel implements (Linear + element-wise activations; BatchNorm1d folds into the
+# neighbouring Linear; Dropout and Identity are no-ops at inference).
+MLP_LAYERS: tuple[type, ...] = (nn.Linear, nn.ReLU, nn.LeakyReLU, nn.Sigmoid, nn.Tanh, nn.BatchNorm1d, nn.Dropout, nn.Identity)
+
+
+@dataclass
+class Candidate:
+    """One offloadable piece of the graph.
+
+    ``nodes`` are the original graph nodes it replaces (a chain for MLPs, one node otherwise);
+    ``module`` is the float module computing the same thing (a fresh ``nn.Sequential`` for chains,
+    an ``nn.EmbeddingBag`` built from the parameter for functional calls).
+    """
+
+    kind: str
+    nodes: list[fx.Node]
+    module: nn.Module
+    targets: list[str] = field(default_factory=list)
+    functional: bool = False
+    bag_mode: str | None = None
+    per_sample_weights: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.nodes[-1].name if self.kind == "mlp" and len(self.nodes) == 1 else (
+            f"{self.nodes[0].name}..{self.nodes[-1].name}" if len(self.nodes) > 1 else self.nodes[0].name)
+
+    @property
+    def first(self) -> fx.Node:
+        return self.nodes[0]
+
+    @property
+    def last(self) -> fx.Node:
+        return self.nodes[-1]
+
+    def describe(self) -> str:
+        m = self.module
+        if isinstance(m, (nn.EmbeddingBag, nn.Embedding)):
+            extra = f", mode={self.bag_mode}" if self.bag_mode else ""
+            return f"{m.num_embeddings}x{m.embedding_dim}{extra}"
+        layers = [type(x).__name__ for x in m]
+        lin = [x for x in m if isinstance(x, nn.Linear)]
+        sizes = [lin[0].in_features] + [x.out_features for x in lin] if lin else []
+        return "->".join(map(str, sizes)) + f" ({'/'.join(layers)})"
+
+
+def trace(model: nn.Module) -> fx.GraphModule:
+    """``torch.fx.symbolic_trace`` (raises whatever FX raises for untraceable models)."""
+    return fx.symbolic_trace(model)
+
+
+def _mlp_type(m: nn.Module) -> bool:
+    return type(m) in MLP_LAYERS
+
+
+def _single_input(node: fx.Node, prev: fx.Node | None = None) -> bool:
+    if node.kwargs or len(node.args) != 1 or not isinstance(node.args[0], fx.Node):
+        return False
+    return prev is None or node.args[0] is prev
+
+
+def _bag_from_functional(gm: fx.GraphModule, node: fx.Node) -> tuple[nn.EmbeddingBag | None, str]:
+    """A float ``nn.EmbeddingBag`` equivalent to an ``F.embedding_bag`` call, or ``(None, why)``."""
+    args = list(node.args) + [None] * (3 - len(node.args))
+    kw = dict(node.kwargs)
+    weight = args[1] if len(node.args) > 1 else kw.get("weight")
+    if not (isinstance(weight, fx.Node) and weight.op == "get_attr"):
+        return None, "F.embedding_bag weight is not a module parameter (computed at run time)"
+    w = _get_attr(gm, weight.target)
+    for key, default in (("max_norm", None), ("scale_grad_by_freq", False), ("padding_idx", None), ("include_last_offset", False)):
+        if kw.get(key, default) != default:
+            return None, f"F.embedding_bag with {key}={kw[key]!r} has no offload kernel"
+    mode = kw.get("mode", "mean")
+    bag = nn.EmbeddingBag.from_pretrained(w.detach().clone(), freeze=True, mode=mode)
+    return bag, ""
+
+
+def _get_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass
+class Skipped:
+    """A node that looks like an op the user asked for but cannot be offloaded as is."""
+
+    node: fx.Node
+    kind: str
+    reason: str
+    module: nn.Module | None = None
+
+
+def find_candidates(gm: fx.GraphModule, ops: tuple[str, ...] = OPS) -> tuple[list[Candidate], list[Skipped]]:
+    """Candidates in graph order, and the nodes that were considered but skipped (with why)."""
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        raise ValueError(f"ops: unknown {bad}; supported: {list(OPS)}")
+    mods = dict(gm.named_modules())
+    cands: list[Candidate] = []
+    skipped: list[Skipped] = []
+    used: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node in used:
+            continue
+        if node.op == "call_function" and node.target is F.embedding_bag:
+            if "embedding_bag" not in ops:
+                continue
+            bag, why = _bag_from_functional(gm, node)
+            if bag is None:
+                skipped.append(Skipped(node, "embedding_bag", why))
+                continue
+            psw = node.kwargs.get("per_sample_weights") is not None or (len(node.args) > 8 and node.args[8] is not None)
+            cands.append(Candidate("embedding_bag", [node], bag, [str(node.args[1].target if len(node.args) > 1 else node.kwargs["weight"].target)],
+                                   functional=True, bag_mode=bag.mode, per_sample_weights=psw))
+            continue
+        if node.op != "call_module":
+            continue
+        mod = mods[node.target]
+        if isinstance(mod, nn.EmbeddingBag):
+            if "embedding_bag" in ops:
+                psw = len(node.args) > 2 or node.kwargs.get("per_sample_weights") is not None
+                cands.append(Candidate("embedding_bag", [node], mod, [node.target], bag_mode=mod.mode, per_sample_weights=psw))
+            continue
+        if isinstance(mod, nn.Embedding):
+            if "embedding" in ops:
+                cands.append(Candidate("embedding", [node], mod, [node.target]))
+            continue
+        if "mlp" in ops and isinstance(mod, nn.Linear) and type(mod) is nn.Linear:
+            if not _single_input(node):
+                skipped.append(Skipped(node, "mlp", "Linear called with more than one input", mod))
+                continue
+            chain = [node]
+            cur = node
+            while len(cur.users) == 1:
+                nxt = next(iter(cur.users))
+                if nxt.op != "call_module" or not _mlp_type(mods[nxt.target]) or not _single_input(nxt, cur):
+                    break
+                chain.append(nxt)
+                cur = nxt
+            used.update(chain)
+            seq = nn.Sequential(*[copy.deepcopy(mods[n.target]) for n in chain]).eval()
+            cands.append(Candidate("mlp", chain, seq, [n.target for n in chain]))
+            continue
+        if not _mlp_type(mod):
+            skipped.append(Skipped(node, type(mod).__name__, f"no offload kernel for {type(mod).__name__}", mod))
+    return cands, skipped
