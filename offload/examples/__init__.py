@@ -1,0 +1,1 @@
+"""Worked examples that build offload bundles (the risk-scoring MLP used by the demo and the tests)."""

@@ -1,0 +1,223 @@
+"""The scoring service as an ASGI app: OIP v2 routes, dynamic batching, metrics, fail-over, auth.
+
+Needs only a bundle and a device: no torch on the serving path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from offload.serve.auth import BearerAuth
+from offload.serve.batcher import BatcherStopped, DynamicBatcher, QueueFull, RequestTimeout
+from offload.serve.config import ServeConfig
+from offload.serve.faults import DeviceUnavailable, FailoverRunner
+from offload.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
+from offload.serve.model import ServedModel, served_model
+from offload.serve.oip import HEADER_LENGTH, OipError, encode_infer, parse_infer
+
+__all__ = ["create_app", "ScoringService"]
+
+_log = logging.getLogger("offload.serve")
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str) -> Response:
+    return _json({"error": message}, status)
+
+
+class ScoringService:
+    """The state behind the routes: model, device runner, batcher, metrics.
+
+    Example::
+
+        svc = ScoringService(offload.load("risk_bundle"), ServeConfig(device="sim"))
+        app = svc.app            # ASGI
+    """
+
+    def __init__(self, bundle: Any, config: ServeConfig | None = None, *, opener=None) -> None:
+        self.config = cfg = config or ServeConfig()
+        self.model: ServedModel = served_model(bundle)
+        self.metrics = ServeMetrics()
+        kw = {"opener": opener} if opener is not None else {}
+        probe = np.zeros((1, self.model.input.width))
+        self.runner = FailoverRunner(
+            self.model.kernel,
+            cfg.device,
+            fallback=cfg.fallback,
+            metrics=self.metrics,
+            model=self.model.name,
+            timeout_s=cfg.device_timeout_ms / 1e3,
+            reopen_backoff_s=cfg.reopen_backoff_s,
+            probe=probe,
+            **kw,
+        )
+        self.batcher = DynamicBatcher(
+            self.runner.run,
+            max_batch_size=cfg.max_batch_size,
+            max_queue_delay_s=cfg.max_queue_delay_us / 1e6,
+            max_queue_size=cfg.max_queue_size,
+            metrics=self.metrics,
+            model=self.model.name,
+        )
+        self._started = False
+        self._timeout_s = cfg.request_timeout_ms / 1e3
+        self.app = self._build()
+
+    async def _ensure_started(self) -> None:
+        if not self._started:
+            self._started = True
+            await self.batcher.start()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        await self._ensure_started()
+        try:
+            yield
+        finally:
+            await self.batcher.stop()
+            self.runner.close()
+
+    def _build(self):
+        r = [
+            Route("/v2", self._server_meta),
+            Route("/v2/health/live", self._live),
+            Route("/v2/health/ready", self._ready),
+            Route("/v2/models/{name}", self._model_meta),
+            Route("/v2/models/{name}/versions/{version}", self._model_meta),
+            Route("/v2/models/{name}/ready", self._model_ready),
+            Route("/v2/models/{name}/versions/{version}/ready", self._model_ready),
+            Route("/v2/models/{name}/infer", self._infer, methods=["POST"]),
+            Route("/v2/models/{name}/versions/{version}/infer", self._infer, methods=["POST"]),
+            Route("/metrics", self._metrics),
+        ]
+        handlers = {HTTPException: self._http_error, Exception: self._crash}
+        app = Starlette(routes=r, lifespan=self._lifespan, exception_handlers=handlers)
+        return BearerAuth(app, self.config.api_key) if self.config.api_key else app
+
+    # -- error pages: JSON, never a stack trace -------------------------------------------------
+    async def _http_error(self, request: Request, exc: HTTPException) -> Response:
+        msg = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+        return _error(exc.status_code, msg)
+
+    async def _crash(self, request: Request, exc: Exception) -> Response:
+        _log.exception("unhandled error on %s", request.url.path)
+        self.metrics.errors.labels(type="internal").inc()
+        return _error(500, "internal error")
+
+    def _check_model(self, request: Request) -> None:
+        name = request.path_params["name"]
+        if name != self.model.name:
+            raise OipError(404, f"unknown model {name!r}; this server serves {self.model.name!r}")
+        v = request.path_params.get("version")
+        if v is not None and v != self.model.version:
+            raise OipError(404, f"model {name!r} has no version {v!r}; versions: [{self.model.version!r}]")
+
+    # -- routes -----------------------------------------------------------------------------------
+    async def _server_meta(self, request: Request) -> Response:
+        from offload import __version__
+
+        return _json({"name": "offload", "version": __version__, "extensions": ["binary_tensor_data"]})
+
+    async def _live(self, request: Request) -> Response:
+        return _json({"live": True})
+
+    def _is_ready(self) -> bool:
+        return self._started and (self.runner.state == "up" or self.config.fallback == "sim")
+
+    async def _ready(self, request: Request) -> Response:
+        ok = self._is_ready()
+        return _json({"ready": ok}, 200 if ok else 503)
+
+    async def _model_meta(self, request: Request) -> Response:
+        try:
+            self._check_model(request)
+        except OipError as e:
+            return _error(e.status, e.message)
+        return _json(self.model.metadata())
+
+    async def _model_ready(self, request: Request) -> Response:
+        try:
+            self._check_model(request)
+        except OipError as e:
+            return _error(e.status, e.message)
+        ok = self._is_ready()
+        return _json({"name": self.model.name, "ready": ok}, 200 if ok else 503)
+
+    async def _metrics(self, request: Request) -> Response:
+        self.metrics.queue_depth.labels(model=self.model.name).set(self.batcher.depth)
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > limit:
+            raise OipError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes")
+        chunks, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise OipError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _infer(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        m, model = self.metrics, self.model
+        headers: dict[str, str] = {}
+        try:
+            self._check_model(request)
+            await self._ensure_started()
+            body = await self._read_body(request)
+            req = parse_infer(body, request.headers.get(HEADER_LENGTH), model.input, model.output, self.config.max_batch_size)
+            try:
+                model.validate(req.x)
+            except (ValueError, TypeError, IndexError) as e:
+                raise OipError(400, f"inputs[0].data: {e}") from None
+            y = await self.batcher.infer(req.x, self._timeout_s)
+            out, headers = encode_infer(model.name, model.version, req, y, model.output)
+            status, err_type = 200, None
+        except OipError as e:
+            status, err_type, out = e.status, {400: "bad_request", 404: "unknown_model", 413: "too_large"}.get(e.status, "client"), e.message
+        except QueueFull as e:
+            status, err_type, out = 503, "queue_full", str(e)
+        except RequestTimeout as e:
+            status, err_type, out = 504, "timeout", str(e)
+        except DeviceUnavailable as e:
+            status, err_type, out = 503, "device_unavailable", str(e)
+        except BatcherStopped as e:
+            status, err_type, out = 503, "shutting_down", str(e)
+        m.requests.labels(model=model.name, code=str(status)).inc()
+        m.request_duration.labels(model=model.name).observe(time.perf_counter() - t0)
+        if err_type is not None:
+            m.errors.labels(type=err_type).inc()
+            return _error(status, out)
+        return Response(out, status_code=200, headers=headers)
+
+
+def create_app(bundle: Any, config: ServeConfig | None = None, **kw: Any):
+    """The ASGI app serving ``bundle`` (a Bundle, or a path given to ``offload.load``).
+
+    Example::
+
+        app = create_app("risk_bundle", ServeConfig(device="sim", max_batch_size=64))
+        # uvicorn.run(app, host="127.0.0.1", port=8000)
+    """
+    if isinstance(bundle, (str, bytes)) or hasattr(bundle, "__fspath__"):
+        from offload.host.bundle import load
+
+        bundle = load(bundle)
+    return ScoringService(bundle, config, **kw).app

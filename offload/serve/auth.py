@@ -1,0 +1,42 @@
+"""Bearer-token check as a plain ASGI middleware (no per-request task or body buffering)."""
+
+from __future__ import annotations
+
+import hmac
+
+import orjson
+
+__all__ = ["BearerAuth"]
+
+_OPEN_PREFIX = "/v2/health/"
+
+
+class BearerAuth:
+    """Answers 401 to any request without ``Authorization: Bearer <key>``; health probes stay open.
+
+    Example::
+
+        app = BearerAuth(app, api_key="s3cret")
+    """
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self._want = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(_OPEN_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        got = b""
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                got = v
+                break
+        # Constant-time compare: response timing must not leak how much of the key matched.
+        if hmac.compare_digest(got, self._want):
+            await self.app(scope, receive, send)
+            return
+        msg = "missing Authorization header" if not got else "invalid API key"
+        body = orjson.dumps({"error": f"unauthorized: {msg}; send 'Authorization: Bearer <key>'"})
+        await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,190 @@
+"""Dynamic batching in the style of Triton's default batcher.
+
+Requests queue; a batch runs when it holds ``max_batch_size`` rows or when the oldest request has
+waited ``max_queue_delay``; while the device computes, new requests gather for the next batch. A
+full queue rejects at once (:class:`QueueFull`); a request that times out leaves the queue.
+Every request gets back exactly its own rows: a batch is a concatenation in queue order and is cut
+back at the same offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from offload.serve.metrics import ServeMetrics
+
+__all__ = ["DynamicBatcher", "QueueFull", "RequestTimeout", "BatcherStopped"]
+
+
+class QueueFull(RuntimeError):
+    """The batch queue holds ``max_queue_size`` requests already."""
+
+
+class RequestTimeout(TimeoutError):
+    """A request was not answered within its timeout."""
+
+
+class BatcherStopped(RuntimeError):
+    """The batcher is shutting down and takes no new requests."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    x: np.ndarray
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+    taken: bool = False
+
+
+class DynamicBatcher:
+    """Queues row batches and runs them through ``run_batch`` (called in one worker thread).
+
+    ``run_batch(x: float64 [N, F]) -> (y: [N, n_out], device_name)``.
+
+    Example::
+
+        b = DynamicBatcher(runner.run, max_batch_size=64, max_queue_delay_s=100e-6, max_queue_size=1024)
+        await b.start()
+        y = await b.infer(x, timeout=1.0)
+        await b.stop()
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[np.ndarray], tuple[np.ndarray, str]],
+        *,
+        max_batch_size: int,
+        max_queue_delay_s: float,
+        max_queue_size: int,
+        metrics: ServeMetrics | None = None,
+        model: str = "model",
+    ) -> None:
+        self._run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_s = max_queue_delay_s
+        self.max_queue_size = max_queue_size
+        self._metrics = metrics
+        self._model = model
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._rows = 0
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        # One thread: the device sees one batch at a time, as with one Triton model instance.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offload-batch")
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="offload-batcher")
+
+    async def stop(self, drain_timeout: float = 10.0) -> None:
+        """Stops taking requests, answers those already queued (up to ``drain_timeout``), then ends."""
+        self._stopping = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), drain_timeout)
+            except asyncio.TimeoutError:
+                self._task.cancel()
+            for p in self._queue:
+                if not p.future.done():
+                    p.future.set_exception(BatcherStopped("service is shutting down"))
+            self._queue.clear()
+        self._pool.shutdown(wait=True)
+
+    async def infer(self, x: np.ndarray, timeout: float) -> np.ndarray:
+        """Queues ``x`` (float64 [n, F], n <= max_batch_size) and returns its own output rows."""
+        if self._stopping:
+            raise BatcherStopped("service is shutting down")
+        if len(self._queue) >= self.max_queue_size:
+            raise QueueFull(f"queue is full ({self.max_queue_size} requests waiting)")
+        p = _Pending(x, asyncio.get_running_loop().create_future())
+        self._queue.append(p)
+        self._rows += x.shape[0]
+        if self._rows >= self.max_batch_size or len(self._queue) == 1:
+            self._wakeup.set()
+        try:
+            return await asyncio.wait_for(p.future, timeout)
+        except asyncio.TimeoutError:
+            if not p.taken:  # still queued: take it out so the device never computes it
+                self._queue.remove(p)
+                self._rows -= x.shape[0]
+            raise RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms") from None
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                if self._stopping:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            deadline = self._queue[0].enqueued + self.max_queue_delay_s
+            while self._queue and self._rows < self.max_batch_size and not self._stopping:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+            batch = self._take()
+            if batch:
+                await self._run(loop, batch)
+
+    def _take(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        rows = 0
+        while self._queue and rows + self._queue[0].x.shape[0] <= self.max_batch_size:
+            p = self._queue.popleft()
+            self._rows -= p.x.shape[0]
+            if p.future.done():  # timed out or cancelled while queued
+                continue
+            p.taken = True
+            batch.append(p)
+            rows += p.x.shape[0]
+        return batch
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
+        t_start = time.perf_counter()
+        m = self._metrics
+        if m is not None:
+            for p in batch:
+                m.queue_duration.labels(model=self._model).observe(t_start - p.enqueued)
+        x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch], axis=0)
+        if m is not None:
+            m.batch_size.labels(model=self._model).observe(x.shape[0])
+            m.queue_depth.labels(model=self._model).set(len(self._queue))
+        try:
+            y, _ = await loop.run_in_executor(self._pool, self._run_batch, x)
+            if y.shape[0] != x.shape[0]:
+                raise RuntimeError(f"device returned {y.shape[0]} rows for a batch of {x.shape[0]}")
+        except asyncio.CancelledError:
+            for p in batch:
+                p.future.cancel()
+            raise
+        except Exception as e:  # every request of the batch learns what happened to it
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(e)
+            return
+        off = 0
+        for p in batch:
+            n = p.x.shape[0]
+            if not p.future.done():
+                p.future.set_result(y[off : off + n])
+            off += n

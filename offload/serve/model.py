@@ -1,0 +1,70 @@
+"""What the service serves: one kernel of a bundle, its tensor names and widths, its input check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from offload.kernels import Kernel, get_kind
+from offload.serve.oip import TensorSpec
+
+__all__ = ["ServedModel", "served_model"]
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The bundle's scoring kernel as an OIP model (input ``x`` [B, F], output ``y`` [B, n_out])."""
+
+    name: str
+    kernel: Kernel
+    input: TensorSpec
+    output: TensorSpec
+    meta: dict
+    version: str = "1"
+
+    def validate(self, x: np.ndarray) -> None:
+        """The kernel kind's own input check (NaN, infinity, range), before any queueing."""
+        get_kind(self.kernel.kind).validate(self.kernel.spec, self.kernel.tensors, {"x": x})
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": [self.version],
+            "platform": f"offload_{self.kernel.kind}",
+            "inputs": [self.input.metadata()],
+            "outputs": [self.output.metadata()],
+        }
+
+
+def _width(spec: Any, names: tuple[str, ...]) -> int | None:
+    for n in names:
+        v = getattr(spec, n, None)
+        if isinstance(v, (int, np.integer)):
+            return int(v)
+    return None
+
+
+def served_model(bundle: Any) -> ServedModel:
+    """Picks the kernel to serve from a bundle (``offload.load(path)``): its only kernel, else the
+    kernel named like the bundle.
+
+    Example::
+
+        m = served_model(offload.load("risk_bundle"))
+        m.name, m.input.width          # ("risk", 16)
+    """
+    kernels: dict[str, Kernel] = dict(bundle.kernels)
+    if len(kernels) == 1:
+        (kernel,) = kernels.values()
+    elif bundle.name in kernels:
+        kernel = kernels[bundle.name]
+    else:
+        raise ValueError(f"bundle {bundle.name!r} holds kernels {sorted(kernels)}; the service needs one, or one named {bundle.name!r}")
+    spec = kernel.spec
+    n_in = _width(spec, ("n_in", "in_features", "n_features", "n_inputs"))
+    n_out = _width(spec, ("n_out", "out_features", "n_outputs"))
+    if n_in is None or n_out is None:
+        raise ValueError(f"kernel {kernel.name!r} of kind {kernel.kind!r}: its spec does not say its input and output widths")
+    return ServedModel(bundle.name, kernel, TensorSpec("x", n_in), TensorSpec("y", n_out), dict(getattr(bundle, "meta", {}) or {}))
