@@ -17,94 +17,22 @@ Example::
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from offload.hls import csim
-from offload.hls.registry import KernelArg, get_hls_kind
+from offload.hls.ctop import CTop, load_top
 from offload.host._buffered import BufferedDevice, Loaded
 from offload.host._pool import BufferPool
 from offload.host.device import register_device
 
-__all__ = ["EmuDevice", "EmuTop", "load_top"]
-
-_CTYPES = {
-    np.dtype(np.int8): ctypes.c_int8,
-    np.dtype(np.uint8): ctypes.c_uint8,
-    np.dtype(np.int16): ctypes.c_int16,
-    np.dtype(np.uint16): ctypes.c_uint16,
-    np.dtype(np.int32): ctypes.c_int32,
-    np.dtype(np.uint32): ctypes.c_uint32,
-    np.dtype(np.int64): ctypes.c_int64,
-    np.dtype(np.uint64): ctypes.c_uint64,
-    np.dtype(np.float32): ctypes.c_float,
-    np.dtype(np.float64): ctypes.c_double,
-}
-
-
-@dataclass(frozen=True)
-class EmuTop:
-    """A kernel's top function built with g++, called with arrays (pointer args) and numbers (scalars)."""
-
-    name: str
-    args: tuple[KernelArg, ...]
-    library: str
-    _fn: Any
-
-    def __call__(self, values: Sequence[Any]) -> None:
-        if len(values) != len(self.args):
-            raise TypeError(f"{self.name}: {len(self.args)} arguments expected, got {len(values)}")
-        cargs = []
-        for a, v in zip(self.args, values):
-            if a.role == "scalar":
-                cargs.append(v)
-            else:
-                if not (isinstance(v, np.ndarray) and v.flags.c_contiguous):
-                    raise TypeError(f"{self.name}: argument {a.name!r} needs a C-contiguous array")
-                cargs.append(ctypes.c_void_p(v.ctypes.data))
-        self._fn(*cargs)
-
-
-_TOP_LOCK = threading.Lock()
-
-
-def load_top(spec: Any) -> EmuTop:
-    """Build (cached) and load the top function of the kernel described by ``spec``.
-
-    Example::
-
-        top = load_top(kernel.spec)
-        top([table_dev, idx_dev, out_dev, 128])   # arrays are passed as pointers
-    """
-    hk = get_hls_kind(spec.kind)
-    args = tuple(hk.top_args(spec))
-    name = hk.top_name(spec)
-    lib_path = csim.build(hk.sources(spec), shared=True)
-    lib = csim.load_library(lib_path)
-    # A fresh function object per call site: argtypes set here must not race another loader.
-    with _TOP_LOCK:
-        fn = getattr(lib, name)
-        argtypes = []
-        for a in args:
-            if a.role == "scalar":
-                dt = np.dtype(a.dtype)
-                if dt not in _CTYPES:
-                    raise TypeError(f"{name}: scalar argument {a.name!r} has unsupported dtype {dt}")
-                argtypes.append(_CTYPES[dt])
-            else:
-                argtypes.append(ctypes.c_void_p)
-        fn.argtypes = argtypes
-        fn.restype = None
-    return EmuTop(name, args, str(lib_path), fn)
-
+__all__ = ["EmuDevice", "load_top"]
 
 @dataclass
 class _EmuKernel:
-    top: EmuTop
+    top: CTop
     resident: dict[str, np.ndarray]  # the device-side copies
     lock: threading.Lock  # one compute unit: one call at a time, as on the card
 

@@ -191,7 +191,7 @@ class device:
         raise RuntimeError(f"get_info: key {key!r} not available")
 
     def _top(self, entry: dict):
-        from offload.host.emu import load_top
+        from offload.hls.ctop import load_top
         from offload.kernels.registry import get_kind
 
         name = entry["name"]

@@ -187,7 +187,7 @@ class DefaultIP:
 
 class Overlay:
     def __init__(self, bitfile_name, dtbo=None, download=True, ignore_version=False, device=None) -> None:
-        from offload.host.emu import load_top
+        from offload.hls.ctop import load_top
         from offload.kernels.registry import get_kind
 
         try:
