@@ -1,0 +1,231 @@
+"""HLS generator for kernel kind ``embedding``: config header + ``extern "C"`` top from the spec.
+
+The loop body is the generic ``hls/src/offload_embedding.h``; what changes per model (types,
+dims, padding rows, formats, m_axi bundles) is written here as a constants header, so no C++ is
+edited by hand per model.
+
+Top function ABI (every pointer is a plain integer array; no ap_fixed crosses the ABI)::
+
+    void offload_embedding_<hash>(
+        const <store> *table0, [const <pstore> *params0,]   // per table, resident, bundle of the table
+        ...,
+        const int64_t *indices, const int64_t *offsets,     // input, bundle gmem_io
+        const <wstore> *per_sample_weights,                  // input (raw weight_type; dummy if unweighted)
+        <ostore> *out,                                       // output, B x total_dim raw out_type
+        int num_bags, int weighted)                          // scalars (s_axilite)
+
+Example::
+
+    from offload.hls.registry import get_hls_kind
+    hk = get_hls_kind("embedding")
+    srcs = hk.sources(spec); args = hk.top_args(spec)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping
+
+import numpy as np
+
+from offload.hls.registry import HlsKind, KernelArg, register_hls_kind
+from offload.kernels.embedding import EmbeddingSpec, TableSpec, container_dtype
+from offload.sim.fixed import FixedType
+
+__all__ = ["top_name", "sources", "top_args", "pack_resident", "pack_inputs", "unpack_outputs", "table_bundle", "HLS_KIND"]
+
+_MODES = {"sum": 0, "mean": 1, "max": 2}
+_CTYPE = {
+    "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "uint16": "uint16_t",
+    "int32": "int32_t", "uint32": "uint32_t", "int64": "int64_t", "uint64": "uint64_t",
+}
+IO_BUNDLE = "gmem_io"
+
+
+def _cpp_type(t: FixedType) -> str:
+    # str(FixedType) is the ap_types spelling, e.g. "ap_fixed<16,6,AP_RND_CONV,AP_SAT>".
+    return str(t)
+
+
+def _digest(spec: EmbeddingSpec) -> str:
+    return hashlib.sha256(json.dumps(spec.to_json(), sort_keys=True).encode()).hexdigest()[:10]
+
+
+def top_name(spec: EmbeddingSpec) -> str:
+    """``offload_embedding_<hash of the spec>``: distinct kernels get distinct names in one xclbin."""
+    return f"offload_embedding_{_digest(spec)}"
+
+
+def table_bundle(spec: EmbeddingSpec, t: int) -> str:
+    """The m_axi bundle of table ``t`` (its own port unless the spec groups tables)."""
+    return spec.tables[t].bundle or f"gmem{t}"
+
+
+def _param_dtype(ts: TableSpec) -> np.dtype:
+    return container_dtype(FixedType.parse(ts.param_type)) if ts.rowwise else np.dtype(np.int8)
+
+
+def top_args(spec: EmbeddingSpec) -> list[KernelArg]:
+    acc, out_t, wt = spec.types()
+    args: list[KernelArg] = []
+    for t, ts in enumerate(spec.tables):
+        args.append(KernelArg(f"table{t}", "resident", ts.storage_dtype(), table_bundle(spec, t)))
+        if ts.rowwise:
+            args.append(KernelArg(f"params{t}", "resident", _param_dtype(ts), table_bundle(spec, t)))
+    args += [
+        KernelArg("indices", "input", np.dtype(np.int64), IO_BUNDLE),
+        KernelArg("offsets", "input", np.dtype(np.int64), IO_BUNDLE),
+        KernelArg("per_sample_weights", "input", container_dtype(wt), IO_BUNDLE),
+        KernelArg("out", "output", container_dtype(out_t), IO_BUNDLE),
+        KernelArg("num_bags", "scalar", np.dtype(np.int32)),
+        KernelArg("weighted", "scalar", np.dtype(np.int32)),
+    ]
+    return args
+
+
+def _table_struct(spec: EmbeddingSpec, t: int, col: int) -> str:
+    ts = spec.tables[t]
+    vt = spec.value_types()[t]
+    store = _CTYPE[ts.storage_dtype().name]
+    pstore = _CTYPE[_param_dtype(ts).name]
+    has_pad = ts.padding_idx is not None
+    lines = [
+        f"struct emb_t{t} {{  // table {ts.name!r}: {ts.num_rows} x {ts.dim}, {ts.fmt}",
+        f"    typedef {store} store_t;",
+        f"    typedef {pstore} pstore_t;",
+        f"    typedef {_cpp_type(vt)} value_t;",
+    ]
+    if ts.rowwise:
+        pt = FixedType.parse(ts.param_type)
+        lines += [
+            f"    typedef {_cpp_type(pt)} param_t;",
+            "    static void load_params(const pstore_t *p, int64_t row, param_t &s, param_t &b) {",
+            "        s = offload_emb::from_raw<param_t>(p[2 * row]);",
+            "        b = offload_emb::from_raw<param_t>(p[2 * row + 1]);",
+            "    }",
+            "    // code * scale + bias: exact (value_t is the ap_types result type of the expression).",
+            "    static value_t read(const store_t *tab, int64_t row, int d, const param_t &s, const param_t &b) {",
+            "        return value_t(ap_uint<8>(tab[row * dim + d]) * s + b);",
+            "    }",
+        ]
+    else:
+        lines += [
+            "    typedef ap_fixed<8, 1> param_t;  // unused: no per-row parameters",
+            "    static void load_params(const pstore_t *, int64_t, param_t &, param_t &) {}",
+            "    static value_t read(const store_t *tab, int64_t row, int d, const param_t &, const param_t &) {",
+            "        return offload_emb::from_raw<value_t>(tab[row * dim + d]);",
+            "    }",
+        ]
+    lines += [
+        f"    static const int dim = {ts.dim};",
+        f"    static const int64_t rows = {ts.num_rows};",
+        f"    static const bool has_padding = {'true' if has_pad else 'false'};",
+        f"    static const int64_t padding = {ts.padding_idx if has_pad else -1};",
+        f"    static const int col = {col};",
+        "};",
+    ]
+    return "\n".join(lines)
+
+
+def _config_header(spec: EmbeddingSpec) -> str:
+    acc, out_t, wt = spec.types()
+    guard = f"OFFLOAD_EMB_CFG_{_digest(spec).upper()}"
+    structs = []
+    for t, col in enumerate(spec.col_offsets()):
+        structs.append(_table_struct(spec, t, col))
+    return "\n".join([
+        "// Generated by offload.hls.embedding from the kernel spec; do not edit.",
+        f"// spec: {json.dumps(spec.to_json(), sort_keys=True)}",
+        f"#ifndef {guard}",
+        f"#define {guard}",
+        '#include "offload_embedding.h"',
+        "",
+        "struct emb_kernel {",
+        f"    typedef {_cpp_type(acc)} acc_t;",
+        f"    typedef {_cpp_type(out_t)} out_t;",
+        f"    typedef {_cpp_type(wt)} weight_t;",
+        f"    typedef {_CTYPE[container_dtype(wt).name]} wstore_t;",
+        f"    typedef {_CTYPE[container_dtype(out_t).name]} ostore_t;",
+        f"    static const int mode = {_MODES[spec.mode]};  // {spec.mode}",
+        f"    static const int total_dim = {spec.total_dim};",
+        f"    static const int max_bag = {spec.max_bag_size};",
+        f"    static const bool out_signed = {'true' if out_t.signed else 'false'};",
+        "};",
+        "",
+        *structs,
+        "",
+        "#endif",
+        "",
+    ])
+
+
+def sources(spec: EmbeddingSpec) -> dict[str, str]:
+    """``{"offload_embedding_cfg.h": ..., "<top>.cpp": ...}``; the generic body is included from hls/src."""
+    name = top_name(spec)
+    params: list[str] = []
+    pragmas: list[str] = []
+    calls: list[str] = []
+    for a in top_args(spec):
+        if a.role == "scalar":
+            params.append(f"int {a.name}")
+            pragmas.append(f"#pragma HLS INTERFACE s_axilite port = {a.name}")
+            continue
+        const = "" if a.role == "output" else "const "
+        params.append(f"{const}{_CTYPE[np.dtype(a.dtype).name]} *{a.name}")
+        pragmas.append(f"#pragma HLS INTERFACE m_axi port = {a.name} offset = slave bundle = {a.bundle}")
+    for t, ts in enumerate(spec.tables):
+        p = f"params{t}" if ts.rowwise else f"(const emb_t{t}::pstore_t *)0"
+        calls.append(
+            f"    offload_emb::pool_table<emb_kernel, emb_t{t}>(table{t}, {p}, indices, offsets, "
+            f"per_sample_weights, out, num_bags, {t}, weighted);"
+        )
+    top = "\n".join([
+        "// Generated by offload.hls.embedding; do not edit.",
+        '#include "offload_embedding_cfg.h"',
+        "",
+        f'extern "C" void {name}(',
+        "    " + ",\n    ".join(params) + ") {",
+        *pragmas,
+        "#pragma HLS INTERFACE s_axilite port = return",
+        *calls,
+        "}",
+        "",
+    ])
+    return {"offload_embedding_cfg.h": _config_header(spec), f"{name}.cpp": top}
+
+
+def pack_resident(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for a in top_args(spec):
+        if a.role == "resident":
+            out[a.name] = np.ascontiguousarray(tensors[a.name], dtype=a.dtype)
+    return out
+
+
+def pack_inputs(spec: EmbeddingSpec, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Inputs as the top function's buffers. Buffers are never empty (a card cannot allocate 0
+    bytes): empty arrays become one ignored element."""
+    _, out_t, wt = spec.types()
+    idx = np.ascontiguousarray(inputs["indices"], dtype=np.int64)
+    off = np.ascontiguousarray(inputs["offsets"], dtype=np.int64)
+    w = inputs.get("per_sample_weights")
+    B = (off.shape[0] - 1) // spec.num_tables
+    wbuf = np.ascontiguousarray(w, dtype=container_dtype(wt)) if w is not None else np.zeros(1, container_dtype(wt))
+    return {
+        "indices": idx if idx.size else np.zeros(1, np.int64),
+        "offsets": off,
+        "per_sample_weights": wbuf if wbuf.size else np.zeros(1, container_dtype(wt)),
+        "out": np.zeros((max(B, 1), spec.total_dim), dtype=container_dtype(out_t)),
+        "num_bags": int(B),
+        "weighted": int(w is not None),
+    }
+
+
+def unpack_outputs(spec: EmbeddingSpec, inputs: Mapping[str, np.ndarray], buffers: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    B = (inputs["offsets"].shape[0] - 1) // spec.num_tables
+    out = np.asarray(buffers["out"]).reshape(-1, spec.total_dim)[:B]
+    return {"out": out.astype(np.int64)}
+
+
+HLS_KIND = register_hls_kind(HlsKind("embedding", top_name, sources, top_args, pack_resident, pack_inputs, unpack_outputs))

@@ -1,0 +1,425 @@
+"""Kernel kind ``embedding``: table-batched embedding lookups with bag pooling (FBGEMM TBE layout).
+
+One kernel holds ``T`` tables. A call carries one ``indices`` vector and ``offsets`` of length
+``T*B + 1`` (bag ``b`` of table ``t`` is ``indices[offsets[t*B+b] : offsets[t*B+b+1]]``) and
+returns ``out`` of shape ``B x sum(dim_t)``: table ``t``'s pooled rows in columns
+``col_t : col_t + dim_t``. A single ``torch.nn.EmbeddingBag`` is the ``T = 1`` case; a plain
+``torch.nn.Embedding`` is ``sum`` with one index per bag and no padding skip.
+
+Storage formats (per table, :class:`TableSpec.fmt`):
+
+- ``"ap_fixed<W,I,Q,O>"`` (or ``ap_ufixed``): raw ``W``-bit integers, container int8/16/32/64.
+- ``"int8_rowwise"``: ``uint8`` codes plus, per row, raw ``(scale, bias)`` in ``param_type``
+  (an ap_fixed, chosen from the data by :func:`rowwise_param_type`); the kernel forms
+  ``code * scale + bias`` exactly. Like FBGEMM's fused 8-bit row-wise, with fixed-point instead of
+  fp16/fp32 scale and bias so the hardware needs no float units.
+
+Arithmetic (accumulator, per-sample weights, mean division, overflow) is defined and simulated in
+:mod:`offload.sim.embedding`. Default accumulator: wide enough that no bag of up to
+``max_bag_size`` entries can overflow it (see :func:`default_acc_type`).
+
+Resident tensors: ``table{t}`` (raw, ``num_rows x dim``) and, for int8_rowwise, ``params{t}``
+(``num_rows x 2`` raw scale, bias). Inputs: ``indices`` (int32/int64), ``offsets`` (int32/int64),
+optional ``per_sample_weights`` (raw ints in ``weight_type``). Output: ``out`` (raw ``out_type``,
+int64).
+
+Example::
+
+    spec = make_spec([TableSpec("user", 1000, 16, "ap_fixed<16,6>")], mode="sum", max_bag_size=32)
+    kernel = make_kernel("emb0", spec, [np.random.randn(1000, 16)])
+    out = get_kind("embedding").reference(spec, kernel.tensors, {"indices": idx, "offsets": off})
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from offload.kernels.registry import Kernel, KernelKind, register_kind
+from offload.sim import embedding as _sim
+from offload.sim.fixed import FixedType
+
+__all__ = [
+    "ROWWISE",
+    "DEFAULT_WEIGHT_TYPE",
+    "TableSpec",
+    "EmbeddingSpec",
+    "make_spec",
+    "default_acc_type",
+    "rowwise_param_type",
+    "quantize_table",
+    "make_kernel",
+    "container_dtype",
+    "validate",
+    "reference",
+    "KIND",
+]
+
+ROWWISE = "int8_rowwise"
+DEFAULT_WEIGHT_TYPE = "ap_fixed<20,8,AP_RND_CONV,AP_SAT>"
+_INDEX_DTYPES = (np.int32, np.int64)
+# acc_t must keep 2*|raw| inside int64 for the mean's rounded division (sim and C++ alike).
+_MAX_ACC_WIDTH = 62
+# Exact products e*w are formed in int64 (sim) and int64 (C++ raw container).
+_MAX_PRODUCT_WIDTH = 63
+
+
+def container_dtype(t: FixedType) -> np.dtype:
+    """Smallest NumPy integer holding ``t``'s raw bits (signedness follows the type)."""
+    w = int(t.width)
+    for bits in (8, 16, 32, 64):
+        if w <= bits:
+            return np.dtype(f"{'int' if t.signed else 'uint'}{bits}")
+    raise ValueError(f"type {t} is wider than 64 bits")
+
+
+def _canon(s: str) -> str:
+    return str(FixedType.parse(s))
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table: name, shape, storage format, optional padding row and m_axi bundle.
+
+    ``padding_idx`` entries are skipped when pooling (torch.nn.EmbeddingBag semantics).
+    ``bundle`` groups tables on one memory port (default: a port per table, ``gmem{t}``).
+    """
+
+    name: str
+    num_rows: int
+    dim: int
+    fmt: str
+    param_type: str | None = None
+    padding_idx: int | None = None
+    bundle: str | None = None
+
+    @property
+    def rowwise(self) -> bool:
+        return self.fmt == ROWWISE
+
+    def value_type(self) -> FixedType:
+        """Exact type of one element as the kernel reads it."""
+        if self.rowwise:
+            return _sim.rowwise_value_type(FixedType.parse(self.param_type))
+        return FixedType.parse(self.fmt)
+
+    def storage_dtype(self) -> np.dtype:
+        return np.dtype(np.uint8) if self.rowwise else container_dtype(FixedType.parse(self.fmt))
+
+    def bytes(self) -> int:
+        """Resident bytes (table plus row-wise params)."""
+        n = self.num_rows * self.dim * self.storage_dtype().itemsize
+        if self.rowwise:
+            n += self.num_rows * 2 * container_dtype(FixedType.parse(self.param_type)).itemsize
+        return n
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """A table-batched embedding kernel. Build with :func:`make_spec` (fills the default types)."""
+
+    kind: ClassVar[str] = "embedding"
+    tables: tuple[TableSpec, ...]
+    mode: str
+    max_bag_size: int
+    acc_type: str
+    out_type: str
+    weight_type: str = DEFAULT_WEIGHT_TYPE
+    _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.tables)
+
+    @property
+    def total_dim(self) -> int:
+        return sum(t.dim for t in self.tables)
+
+    def col_offsets(self) -> list[int]:
+        return list(np.cumsum([0] + [t.dim for t in self.tables])[:-1].tolist())
+
+    def types(self) -> tuple[FixedType, FixedType, FixedType]:
+        """Parsed ``(acc_type, out_type, weight_type)`` (cached)."""
+        c = self._cache.get("types")
+        if c is None:
+            c = self._cache["types"] = (FixedType.parse(self.acc_type), FixedType.parse(self.out_type), FixedType.parse(self.weight_type))
+        return c
+
+    def value_types(self) -> list[FixedType]:
+        c = self._cache.get("values")
+        if c is None:
+            c = self._cache["values"] = [t.value_type() for t in self.tables]
+        return c
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "tables": [asdict(t) for t in self.tables],
+            "mode": self.mode,
+            "max_bag_size": self.max_bag_size,
+            "acc_type": self.acc_type,
+            "out_type": self.out_type,
+            "weight_type": self.weight_type,
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> "EmbeddingSpec":
+        d = dict(d)
+        d.pop("kind", None)
+        tables = tuple(TableSpec(**t) for t in d.pop("tables"))
+        spec = EmbeddingSpec(tables=tables, **d)
+        _check_spec(spec)
+        return spec
+
+
+def _log2_ceil(n: int) -> int:
+    return max(0, int(n - 1).bit_length())
+
+
+def _signed_int_bits(t: FixedType) -> int:
+    i = int(t.integer)
+    return i if t.signed else i + 1
+
+
+def default_acc_type(tables: Sequence[TableSpec], mode: str, max_bag_size: int, weight_type: str = DEFAULT_WEIGHT_TYPE) -> str:
+    """The default accumulator: no bag of up to ``max_bag_size`` entries can overflow it.
+
+    Values ``|e| <= 2^(Iv-1)`` and weights ``|w| <= 2^(Iw-1)`` give terms ``|e*w| <= 2^(Iv+Iw-2)``;
+    ``n <= 2^L`` of them (``L = ceil(log2 max_bag_size)``) sum to at most ``2^(Iv+Iw+L-2)``, inside
+    ``ap_fixed<., Iv+Iw+L>``'s range with a factor 2 to spare (which also absorbs the product's
+    rounding). Frac bits keep products exact (``Fv + Fw``) unless that would pass 62 bits, then as
+    many as fit, never fewer than the values' own (so unweighted sums stay exact).
+    """
+    vts = [t.value_type() for t in tables]
+    iv = max(_signed_int_bits(v) for v in vts)
+    fv = max(int(v.F) for v in vts)
+    wt = FixedType.parse(weight_type)
+    L = _log2_ceil(max_bag_size)
+    if mode == "sum":
+        ia, fa = iv + _signed_int_bits(wt) + L, fv + int(wt.F)
+    elif mode == "mean":
+        ia, fa = iv + L, fv
+    else:
+        ia, fa = iv, fv
+    if ia + fa > _MAX_ACC_WIDTH:
+        fa = max(fv, _MAX_ACC_WIDTH - ia)
+    if ia + fa > _MAX_ACC_WIDTH:
+        raise ValueError(
+            f"acc_type: the default accumulator would need {ia + fa} bits (> {_MAX_ACC_WIDTH}); "
+            "pass a narrower acc_type explicitly (its overflow mode then applies)"
+        )
+    return f"ap_fixed<{ia + fa},{ia},AP_RND_CONV,AP_SAT>"
+
+
+def make_spec(
+    tables: Sequence[TableSpec],
+    *,
+    mode: str = "sum",
+    max_bag_size: int = 256,
+    acc_type: str | None = None,
+    out_type: str | None = None,
+    weight_type: str = DEFAULT_WEIGHT_TYPE,
+) -> EmbeddingSpec:
+    """Build and check a spec; ``acc_type`` defaults to :func:`default_acc_type`, ``out_type`` to it."""
+    tables = tuple(
+        TableSpec(t.name, int(t.num_rows), int(t.dim), t.fmt if t.fmt == ROWWISE else _canon(t.fmt),
+                  _canon(t.param_type) if t.param_type else None, t.padding_idx, t.bundle)
+        for t in tables
+    )
+    weight_type = _canon(weight_type)
+    acc = _canon(acc_type) if acc_type else default_acc_type(tables, mode, max_bag_size, weight_type)
+    out = _canon(out_type) if out_type else acc
+    spec = EmbeddingSpec(tables, mode, int(max_bag_size), acc, out, weight_type)
+    _check_spec(spec)
+    return spec
+
+
+def _check_spec(spec: EmbeddingSpec) -> None:
+    if spec.mode not in _sim.MODES:
+        raise ValueError(f"mode: must be one of {_sim.MODES}, got {spec.mode!r}")
+    if not spec.tables:
+        raise ValueError("tables: at least one table is needed")
+    if spec.max_bag_size < 1:
+        raise ValueError(f"max_bag_size: must be >= 1, got {spec.max_bag_size}")
+    names = [t.name for t in spec.tables]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tables: duplicate names {names}")
+    acc, out, wt = spec.types()
+    if int(acc.width) > _MAX_ACC_WIDTH:
+        raise ValueError(f"acc_type: {acc} is wider than {_MAX_ACC_WIDTH} bits")
+    if int(out.width) > 64:
+        raise ValueError(f"out_type: {out} is wider than 64 bits")
+    for t in spec.tables:
+        if t.num_rows < 1 or t.dim < 1:
+            raise ValueError(f"table {t.name!r}: num_rows and dim must be >= 1, got {t.num_rows} x {t.dim}")
+        if t.rowwise and not t.param_type:
+            raise ValueError(f"table {t.name!r}: int8_rowwise needs param_type (the scale/bias ap_fixed)")
+        if t.padding_idx is not None and not (0 <= t.padding_idx < t.num_rows):
+            raise ValueError(f"table {t.name!r}: padding_idx {t.padding_idx} outside [0, {t.num_rows})")
+        vt = t.value_type()
+        if int(vt.width) + int(wt.width) > _MAX_PRODUCT_WIDTH:
+            raise ValueError(
+                f"table {t.name!r}: value type {vt} times weight_type {wt} is {int(vt.width) + int(wt.width)} bits "
+                f"(limit {_MAX_PRODUCT_WIDTH}); use a narrower format or weight_type"
+            )
+
+
+# ---------------------------------------------------------------------------------- quantization
+
+
+def rowwise_param_type(weights: np.ndarray, width: int = 24) -> str:
+    """An ap_fixed for the per-row scale and bias of ``weights``: ``width`` bits, integer bits
+    just enough for ``max(|row min|, row range / 255)`` (so the frac bits carry the precision)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.size == 0:
+        m = 1.0
+    else:
+        mn, mx = w.min(axis=1), w.max(axis=1)
+        m = float(max(np.abs(mn).max(), ((mx - mn) / 255.0).max(), 2.0 ** -(width - 2)))
+    ip = max(1, int(np.floor(np.log2(m))) + 2)
+    return f"ap_fixed<{width},{ip},AP_RND_CONV,AP_SAT>"
+
+
+def _quantize_rowwise(weights: np.ndarray, param_type: FixedType) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 codes and raw (scale, bias): ``bias = floor(min)``, ``scale = ceil((max-bias)/255)`` in
+    ``param_type``'s lsb, so every element lies in ``[bias, bias + 255*scale]`` and its code error
+    is at most ``scale/2``."""
+    w = np.asarray(weights, dtype=np.float64)
+    f = int(param_type.F)
+    lo, hi = _sim._raw_min_max(param_type)
+    mn = w.min(axis=1) if w.shape[1] else np.zeros(w.shape[0])
+    mx = w.max(axis=1) if w.shape[1] else np.zeros(w.shape[0])
+    bias = np.floor(np.ldexp(mn, f)).astype(np.int64)
+    scale = np.ceil((np.ldexp(mx, f) - bias) / 255.0).astype(np.int64)
+    scale = np.maximum(scale, 1)
+    if bias.min(initial=0) < lo or scale.max(initial=0) > hi or bias.max(initial=0) > hi:
+        raise ValueError(f"param_type {param_type}: too narrow for these rows' scale/bias")
+    codes = np.rint((np.ldexp(w, f) - bias[:, None]) / scale[:, None])
+    codes = np.clip(codes, 0, 255).astype(np.uint8)
+    return codes, np.stack([scale, bias], axis=1)
+
+
+def quantize_table(table: TableSpec, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Float rows -> the resident raw arrays of one table (``{"table": ..., "params": ...}``)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (table.num_rows, table.dim):
+        raise ValueError(f"table {table.name!r}: weights shape {w.shape} != {(table.num_rows, table.dim)}")
+    if table.rowwise:
+        pt = FixedType.parse(table.param_type)
+        codes, params = _quantize_rowwise(w, pt)
+        return {"table": codes, "params": params.astype(container_dtype(pt))}
+    t = FixedType.parse(table.fmt)
+    return {"table": np.asarray(t.quantize(w)).astype(container_dtype(t))}
+
+
+def make_kernel(name: str, spec: EmbeddingSpec, weights: Sequence[np.ndarray]) -> Kernel:
+    """Quantize each table's float rows into a :class:`Kernel` of kind ``embedding``."""
+    if len(weights) != spec.num_tables:
+        raise ValueError(f"weights: {len(weights)} arrays for {spec.num_tables} tables")
+    tensors: dict[str, np.ndarray] = {}
+    for i, (t, w) in enumerate(zip(spec.tables, weights)):
+        q = quantize_table(t, w)
+        tensors[f"table{i}"] = q["table"]
+        if "params" in q:
+            tensors[f"params{i}"] = q["params"]
+    return Kernel(name, spec, tensors)
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+def _int_array(inputs: Mapping[str, np.ndarray], key: str, allowed=_INDEX_DTYPES) -> np.ndarray:
+    a = inputs[key]
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{key}: expected a NumPy array, got {type(a).__name__}")
+    if a.dtype.type not in allowed:
+        names = ", ".join(np.dtype(d).name for d in allowed)
+        raise TypeError(f"{key}: dtype must be one of {names}, got {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"{key}: must be 1-D, got shape {a.shape}")
+    return a
+
+
+def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
+    """Check one call's inputs; raises before any device work and changes nothing.
+
+    ``TypeError`` for dtypes; ``ValueError`` for offsets (start 0, non-decreasing, end at
+    ``len(indices)``, length ``T*B+1``), bags longer than ``max_bag_size`` and misplaced or
+    mis-sized ``per_sample_weights``; ``IndexError`` for an index outside its table.
+    """
+    for key in ("indices", "offsets"):
+        if key not in inputs:
+            raise ValueError(f"inputs: missing {key!r}")
+    idx = _int_array(inputs, "indices")
+    off = _int_array(inputs, "offsets")
+    n = idx.shape[0]
+    T = spec.num_tables
+    if off.shape[0] < 1 or (off.shape[0] - 1) % T:
+        raise ValueError(f"offsets: length must be T*B+1 with T={T} tables, got {off.shape[0]}")
+    if off[0] != 0:
+        raise ValueError(f"offsets: must start at 0, got {int(off[0])}")
+    lens = np.diff(off.astype(np.int64, copy=False))
+    if lens.size and lens.min() < 0:
+        p = int(np.argmax(lens < 0))
+        raise ValueError(f"offsets: must not decrease, offsets[{p + 1}]={int(off[p + 1])} < offsets[{p}]={int(off[p])}")
+    if int(off[-1]) != n:
+        raise ValueError(f"offsets: must end at len(indices)={n}, got {int(off[-1])}" + (" (runs past the indices)" if off[-1] > n else ""))
+    if lens.size and lens.max() > spec.max_bag_size:
+        p = int(np.argmax(lens))
+        raise ValueError(f"offsets: bag {p} has {int(lens[p])} entries, more than max_bag_size={spec.max_bag_size}")
+    w = inputs.get("per_sample_weights")
+    if w is not None:
+        if spec.mode != "sum":
+            raise ValueError(f"per_sample_weights: only supported in mode 'sum', this kernel's mode is {spec.mode!r}")
+        if not isinstance(w, np.ndarray) or w.dtype.kind not in "iu":
+            raise TypeError(f"per_sample_weights: expected raw integers in {spec.weight_type}, got {getattr(w, 'dtype', type(w).__name__)}")
+        if w.shape != (n,):
+            raise ValueError(f"per_sample_weights: shape {w.shape} must match indices ({n},)")
+        lo, hi = _sim._raw_min_max(spec.types()[2])
+        if w.size and (w.min() < lo or w.max() > hi):
+            raise ValueError(f"per_sample_weights: raw values outside {spec.weight_type}'s range [{lo}, {hi}]")
+    B = (off.shape[0] - 1) // T
+    for t, ts in enumerate(spec.tables):
+        a, b = int(off[t * B]), int(off[(t + 1) * B])
+        seg = idx[a:b]
+        if seg.size and (seg.min() < 0 or seg.max() >= ts.num_rows):
+            p = int(np.flatnonzero((seg < 0) | (seg >= ts.num_rows))[0])
+            raise IndexError(
+                f"indices[{a + p}] = {int(seg[p])} is out of range for table {ts.name!r} with {ts.num_rows} rows"
+            )
+
+
+# ------------------------------------------------------------------------------------- reference
+
+
+def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The exact kernel output ``{"out": raw out_type, int64, B x total_dim}`` (inputs validated)."""
+    idx = inputs["indices"]
+    off = inputs["offsets"]
+    w = inputs.get("per_sample_weights")
+    T = spec.num_tables
+    B = (off.shape[0] - 1) // T
+    acc, out_t, wt = spec.types()
+    out = np.empty((B, spec.total_dim), dtype=np.int64)
+    col = 0
+    for t, ts in enumerate(spec.tables):
+        o = off[t * B:(t + 1) * B + 1].astype(np.int64)
+        base = int(o[0])
+        ti = idx[base:int(o[-1])]
+        o = o - base
+        tw = None if w is None else w[base:base + ti.shape[0]]
+        ti, o, keep = _sim.drop_padding(ti, o, ts.padding_idx)
+        if keep is not None and tw is not None:
+            tw = tw[keep]
+        vals = _sim.gather_values(tensors[f"table{t}"], ti, tensors.get(f"params{t}"))
+        out[:, col:col + ts.dim] = _sim.pool_bags(
+            vals, spec.value_types()[t], o, spec.mode, acc, out_t,
+            max_bag_size=spec.max_bag_size, weights=tw, weight_type=wt,
+        )
+        col += ts.dim
+    return {"out": out}
+
+
+KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference))

@@ -1,0 +1,197 @@
+"""Bit-exact reference model of the embedding lookup kernel (gather + pooled bags).
+
+Everything here works on raw fixed-point integers (``int64``) and mirrors, operation by operation,
+what ``hls/src/offload_embedding.h`` does with ap_fixed types, so the two agree bit for bit:
+
+1. **Element value** ``e``: an ``ap_fixed`` table stores ``e`` directly. An ``int8_rowwise`` table
+   stores a ``uint8`` code ``c`` and, per row, a scale ``s`` and bias ``b`` in one ap_fixed
+   ``param_type``; ``e = c * s + b`` is computed exactly (type ``ap_fixed<Wp+9, Ip+9>``, see
+   :func:`rowwise_value_type`), never rounded.
+2. **Term** ``t = acc_t(e)``, or with per-sample weights ``t = acc_t(e * w)`` where ``e * w`` is the
+   exact product (ap_fixed multiplication never rounds) and the cast to ``acc_t`` applies the
+   accumulator's rounding and overflow modes.
+3. **Pooling** over the bag's non-padding entries, in order:
+   ``sum``: ``acc = acc_t(acc + t)`` per step (the addition is exact, the assignment applies the
+   accumulator's overflow mode at every step, as the pipelined HLS loop does);
+   ``mean``: the ``sum`` accumulator, then the raw accumulator ``a`` is divided by the count ``n``
+   with round-half-away-from-zero integer division: ``sign(a) * ((2|a| + n) // (2n))`` (stays in
+   ``acc_t``, whose width is limited to 62 bits so ``2|a|`` fits int64); ``max``: the largest term.
+   A bag with no (non-padding) entries gives 0 in every mode, as torch does.
+4. **Output** ``out_t(pooled)``: cast with the output type's rounding and overflow modes.
+
+Example::
+
+    from offload.sim.fixed import FixedType
+    from offload.sim.embedding import pool_bags
+    acc = FixedType.parse("ap_fixed<32,16,AP_RND_CONV,AP_SAT>")
+    out = pool_bags(elem_raw, elem_t, offsets, "sum", acc, acc, max_bag_size=64)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from offload.sim.fixed import FixedType, add_type, mul_type
+
+_CODE_T = FixedType.parse("ap_uint<8>")
+
+__all__ = [
+    "MODES",
+    "rowwise_value_type",
+    "product_type",
+    "drop_padding",
+    "gather_values",
+    "pool_bags",
+    "round_div",
+]
+
+MODES = ("sum", "mean", "max")
+
+
+def _raw_min_max(t: FixedType) -> tuple[int, int]:
+    return t.min_raw, t.max_raw
+
+
+def rowwise_value_type(param_type: FixedType) -> FixedType:
+    """Exact type of ``code * scale + bias`` for an ``int8_rowwise`` row.
+
+    ``ap_uint<8> * ap_fixed<Wp,Ip>`` is ``ap_fixed<Wp+8, Ip+8>`` and adding ``ap_fixed<Wp,Ip>``
+    gives ``ap_fixed<Wp+9, Ip+9>``: the ap_types result types, so the C++ kernel forms the same
+    value without rounding.
+    """
+    return add_type(mul_type(_CODE_T, param_type), param_type)
+
+
+def product_type(a: FixedType, b: FixedType) -> FixedType:
+    """Exact type of ``a * b`` (ap_types ``RType::mult``)."""
+    return mul_type(a, b)
+
+
+def drop_padding(indices: np.ndarray, offsets: np.ndarray, padding_idx: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Remove entries equal to ``padding_idx``; return (indices, offsets, kept positions or None).
+
+    Padding entries are skipped by the kernel: they neither add to a bag nor count for ``mean``.
+    """
+    if padding_idx is None:
+        return indices, offsets, None
+    pad = indices == padding_idx
+    if not pad.any():
+        return indices, offsets, None
+    keep = np.flatnonzero(~pad)
+    kept_before = np.concatenate(([0], np.cumsum(~pad, dtype=np.int64)))
+    return indices[keep], kept_before[offsets], keep
+
+
+def gather_values(table: np.ndarray, indices: np.ndarray, params: np.ndarray | None = None) -> np.ndarray:
+    """Raw element values of the looked-up rows, shape ``(len(indices), dim)``.
+
+    ``params`` (``int8_rowwise`` only): raw ``(scale, bias)`` per row in ``param_type``; the
+    result is then raw ``code * scale + bias`` in :func:`rowwise_value_type` (same frac bits).
+    """
+    rows = table[indices]
+    if params is None:
+        return rows
+    sb = params[indices].astype(np.int64, copy=False)
+    # |code*scale + bias| < 2^(Wp+8): validated Wp <= 54 keeps this exact in int64.
+    return rows.astype(np.int64) * sb[:, 0:1] + sb[:, 1:2]
+
+
+def round_div(a: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``sign(a) * ((2|a| + n) // (2n))`` (round half away from zero), 0 where ``n == 0``.
+
+    The kernel's ``mean``: an exact integer division of the raw accumulator by the bag count.
+    """
+    a = np.asarray(a, dtype=np.int64)
+    n = np.asarray(n, dtype=np.int64)
+    nn = np.maximum(n, 1)
+    q = (2 * np.abs(a) + nn) // (2 * nn)
+    q = np.where(a < 0, -q, q)
+    return np.where(n == 0, 0, q)
+
+
+def _acc_can_overflow(term_max: int, max_bag_size: int, acc: FixedType) -> bool:
+    lo, hi = _raw_min_max(acc)
+    return max_bag_size * term_max > min(hi, -lo)
+
+
+def pool_bags(
+    values: np.ndarray,
+    value_type: FixedType,
+    offsets: np.ndarray,
+    mode: str,
+    acc_type: FixedType,
+    out_type: FixedType,
+    *,
+    max_bag_size: int,
+    weights: np.ndarray | None = None,
+    weight_type: FixedType | None = None,
+) -> np.ndarray:
+    """Pool raw ``values`` (``N x D``, in ``value_type``) over the bags given by ``offsets``.
+
+    ``offsets`` has ``B + 1`` entries, starts at 0, ends at ``N`` and never decreases; every bag
+    is at most ``max_bag_size`` long (validated by the caller). ``weights`` (raw, in
+    ``weight_type``) multiplies each row first (sum mode). Returns raw ``out_type`` ``B x D``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    offsets = np.asarray(offsets, dtype=np.int64)
+    nb = offsets.shape[0] - 1
+    d = values.shape[1] if values.ndim == 2 else 0
+    counts = np.diff(offsets)
+
+    # Terms in acc_t.
+    if weights is not None:
+        if weight_type is None:
+            raise ValueError("weight_type is needed with weights")
+        src_t = product_type(value_type, weight_type)
+        src = values.astype(np.int64, copy=False) * np.asarray(weights, dtype=np.int64)[:, None]
+    else:
+        src_t = value_type
+        src = values
+    shift = acc_type.F - src_t.F
+    vlo, vhi = _raw_min_max(src_t)
+    alo, ahi = _raw_min_max(acc_type)
+    # Fast path: when acc_t has at least src's frac bits and holds src's whole range, the cast is
+    # an exact left shift, and shifting commutes with the sum, so it can be done once per bag.
+    exact_terms = shift >= 0 and (vlo << shift) >= alo and (vhi << shift) <= ahi
+    if exact_terms:
+        term_max = max(-vlo, vhi) << shift
+    else:
+        src = acc_type.cast(np.asarray(src, dtype=np.int64), src_t)
+        term_max = max(-alo, ahi)
+        shift = 0
+
+    if nb == 0:
+        return np.zeros((0, d), dtype=np.int64)
+    out = np.zeros((nb, d), dtype=np.int64)
+    nonempty = counts > 0
+    starts = offsets[:-1][nonempty]
+    if starts.size == 0 or d == 0:
+        return out
+
+    if mode == "max":
+        m = np.maximum.reduceat(src, starts, axis=0).astype(np.int64) << shift
+        out[nonempty] = m
+        return out_type.cast(out, acc_type)
+
+    if not _acc_can_overflow(term_max, max_bag_size, acc_type):
+        # No overflow is possible for any bag up to max_bag_size: |sum| <= max_bag_size *
+        # term_max <= the accumulator's range, so each per-step saturation is a no-op and a plain
+        # int64 sum is exact (term_max < 2^62, max_bag_size * term_max <= 2^62 checked above).
+        s = np.add.reduceat(src, starts, axis=0, dtype=np.int64) << shift
+    else:
+        s = _sequential_sum(np.asarray(src, dtype=np.int64) << shift, offsets[:-1][nonempty], counts[nonempty], acc_type)
+    if mode == "mean":
+        s = round_div(s, counts[nonempty][:, None])
+    out[nonempty] = s
+    return out_type.cast(out, acc_type)
+
+
+def _sequential_sum(terms: np.ndarray, starts: np.ndarray, counts: np.ndarray, acc: FixedType) -> np.ndarray:
+    """Per-step ``acc = acc_t(acc + t)``: one vectorised step per bag position (<= max bag size)."""
+    wide = add_type(acc, acc)  # exact type of acc + t
+    s = np.zeros((starts.shape[0], terms.shape[1]), dtype=np.int64)
+    for k in range(int(counts.max())):
+        live = np.flatnonzero(counts > k)
+        s[live] = acc.cast(s[live] + terms[starts[live] + k], wide)
+    return s
