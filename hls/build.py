@@ -1,0 +1,523 @@
+"""Vitis projects for a bundle: write them, C-simulate their kernels, run v++ when it is there.
+
+``write_project`` lays out a complete Vitis project for one card::
+
+    OUT/
+      README.md            what this is and how to build it on a Vitis machine
+      Makefile             sw_emu / hw_emu / hw: `v++ -c` per kernel, `v++ -l` into offload.xclbin
+      connectivity.cfg     nk (compute units), sp (HBM/DDR bank per argument), slr placement
+      src/<top>/...        each kernel's generated C++ (HlsKind.sources)
+      include/...          offload's HLS headers and hls4ml's nnet_utils (Vitis brings its own ap_types)
+      project.json         the same facts, machine-readable (tops, CUs, banks, commands)
+
+``golden_check`` C-simulates every kernel: a few generated inputs (random and adversarial:
+extreme indices, empty and full bags, weight extremes) go through the sim reference and through
+the generated C++ compiled with g++; any differing element is a mismatch. ``run_vitis`` runs the
+Makefile's commands step by step, reporting progress through callbacks, keeping each tool's log,
+and raising :class:`BuildError` with the tool's own ``ERROR`` lines when a step fails.
+
+Example::
+
+    from offload.hls.build import write_project, golden_check, run_vitis
+    proj = write_project(bundle, "u55c", "build/u55c")
+    assert all(r.mismatches == 0 for r in golden_check(bundle))
+    if not missing_tools():
+        run_vitis(proj, "hw")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from offload.hls import csim
+from offload.hls.registry import get_hls_kind
+from offload.kernels.registry import get_kind
+
+__all__ = [
+    "Card",
+    "CARDS",
+    "Project",
+    "Step",
+    "GoldenResult",
+    "BuildError",
+    "write_project",
+    "golden_check",
+    "golden_inputs",
+    "register_input_generator",
+    "missing_tools",
+    "run_vitis",
+    "collect_reports",
+]
+
+
+@dataclass(frozen=True)
+class Card:
+    """An Alveo card: its default platform, memory kind and count of banks, and its SLRs.
+
+    HBM cards expose pseudo-channels ``HBM[0..31]``, attached next to SLR0; DDR cards one
+    ``DDR[i]`` bank per SLR.
+    """
+
+    name: str
+    platform: str
+    memory: str
+    banks: int
+    slrs: int
+
+
+CARDS: dict[str, Card] = {
+    "u55c": Card("u55c", "xilinx_u55c_gen3x16_xdma_3_202210_1", "HBM", 32, 3),
+    "u280": Card("u280", "xilinx_u280_gen3x16_xdma_1_202211_1", "HBM", 32, 3),
+    "u250": Card("u250", "xilinx_u250_gen3x16_xdma_4_1_202210_1", "DDR", 4, 4),
+    "u50": Card("u50", "xilinx_u50_gen3x16_xdma_5_202210_1", "HBM", 32, 2),
+}
+
+TARGETS = ("sw_emu", "hw_emu", "hw")
+XCLBIN = "offload.xclbin"
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message carries the tool's own error lines and its log file."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One tool invocation of the build, run in the project directory."""
+
+    name: str
+    argv: tuple[str, ...]
+    output: str
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+
+@dataclass
+class ProjectKernel:
+    top: str
+    kind: str
+    kernels: list[str]  # bundle kernels that run on this top function
+    files: list[str]  # under src/<top>/
+    compute_units: list[str]
+    slr: dict[str, str]  # CU -> SLRn
+    banks: dict[str, dict[str, str]]  # CU -> argument -> bank
+
+
+@dataclass
+class Project:
+    """A written Vitis project (see the module doc)."""
+
+    root: Path
+    card: Card
+    platform: str
+    kernels: list[ProjectKernel] = field(default_factory=list)
+
+    def steps(self, target: str = "hw") -> list[Step]:
+        """The tool invocations ``make <target>`` performs, in order."""
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+        out = f"build/{target}"
+        common = ("-t", target, "--platform", self.platform, "--save-temps", "--temp_dir", f"{out}/_x")
+        steps = []
+        xos = []
+        for pk in self.kernels:
+            cpps = [f"src/{pk.top}/{f}" for f in pk.files if f.endswith((".cpp", ".cc", ".cxx"))]
+            xo = f"{out}/{pk.top}.xo"
+            xos.append(xo)
+            steps.append(Step(f"compile {pk.top}", ("v++", "-c", *common, "-k", pk.top, "-I", "include", "-I", f"src/{pk.top}", "-o", xo, *cpps), xo))
+        xclbin = f"{out}/{XCLBIN}"
+        steps.append(Step("link", ("v++", "-l", *common, "--config", "connectivity.cfg", "-o", xclbin, *xos), xclbin))
+        return steps
+
+    @property
+    def compute_units(self) -> dict[str, list[str]]:
+        return {pk.top: list(pk.compute_units) for pk in self.kernels}
+
+
+def _resolve_card(target: str, platform: str | None) -> tuple[Card, str]:
+    card = CARDS.get(target.lower())
+    if card is None:
+        raise ValueError(f"target: unknown card {target!r}; known: {sorted(CARDS)}")
+    return card, platform or card.platform
+
+
+def _place(card: Card, pk_index: int, top: str, args, n_cus: int, next_bank: list[int]) -> tuple[list[str], dict, dict]:
+    """CU names, SLR and bank per (CU, m_axi bundle): every bundle of every CU gets its own bank
+    while banks last (bandwidth: one pseudo-channel per port), then banks are reused round-robin."""
+    cus = [f"{top}_{i + 1}" for i in range(n_cus)]
+    slr, banks = {}, {}
+    for ci, cu in enumerate(cus):
+        if card.memory == "DDR":
+            # One DDR bank per SLR: keep a CU and its memory on the same SLR.
+            s = (pk_index + ci) % card.slrs
+            slr[cu] = f"SLR{s}"
+            banks[cu] = {a.name: f"DDR[{s}]" for a in args if a.role != "scalar"}
+        else:
+            # HBM hangs off SLR0; spread CUs over SLR0/SLR1 (the SLRs nearest the HBM).
+            slr[cu] = f"SLR{(pk_index + ci) % min(2, card.slrs)}"
+            by_bundle: dict[str, str] = {}
+            for a in args:
+                if a.role == "scalar":
+                    continue
+                key = a.bundle or a.name
+                if key not in by_bundle:
+                    by_bundle[key] = f"HBM[{next_bank[0] % card.banks}]"
+                    next_bank[0] += 1
+            banks[cu] = {a.name: by_bundle[a.bundle or a.name] for a in args if a.role != "scalar"}
+    return cus, slr, banks
+
+
+def _connectivity(project: Project) -> str:
+    lines = ["# Generated by offload build: compute units, memory banks and SLR placement.", "[connectivity]"]
+    for pk in project.kernels:
+        lines.append(f"nk={pk.top}:{len(pk.compute_units)}:{'.'.join(pk.compute_units)}")
+    for pk in project.kernels:
+        for cu in pk.compute_units:
+            for arg, bank in pk.banks[cu].items():
+                lines.append(f"sp={cu}.{arg}:{bank}")
+    for pk in project.kernels:
+        for cu in pk.compute_units:
+            lines.append(f"slr={cu}:{pk.slr[cu]}")
+    return "\n".join(lines) + "\n"
+
+
+def _makefile(project: Project) -> str:
+    tops = " ".join(pk.top for pk in project.kernels)
+    rules = []
+    for pk in project.kernels:
+        cpps = " ".join(f"src/{pk.top}/{f}" for f in pk.files if f.endswith((".cpp", ".cc", ".cxx")))
+        deps = " ".join(f"src/{pk.top}/{f}" for f in pk.files)
+        rules.append(
+            f"$(OUT)/{pk.top}.xo: {deps}\n"
+            f"\t@mkdir -p $(OUT)\n"
+            f"\t$(VPP) -c $(VPP_COMMON) -k {pk.top} -I include -I src/{pk.top} -o $@ {cpps}\n"
+        )
+    return f"""# Generated by offload build for {project.card.name} ({project.platform}).
+# make hw | hw_emu | sw_emu      (PLATFORM=... to override the platform)
+PLATFORM ?= {project.platform}
+TARGET ?= hw
+VPP ?= v++
+OUT := build/$(TARGET)
+VPP_COMMON = -t $(TARGET) --platform $(PLATFORM) --save-temps --temp_dir $(OUT)/_x
+KERNELS := {tops}
+XOS := $(addprefix $(OUT)/,$(addsuffix .xo,$(KERNELS)))
+
+.PHONY: all hw hw_emu sw_emu emconfig clean
+all: $(OUT)/{XCLBIN}
+
+hw hw_emu sw_emu:
+\t$(MAKE) TARGET=$@ all
+
+{chr(10).join(rules)}
+$(OUT)/{XCLBIN}: $(XOS) connectivity.cfg
+\t$(VPP) -l $(VPP_COMMON) --config connectivity.cfg -o $@ $(XOS)
+
+# Emulation runs need emconfig.json next to the host program and XCL_EMULATION_MODE=$(TARGET).
+emconfig:
+\temconfigutil --platform $(PLATFORM) --od .
+
+clean:
+\trm -rf build _x .Xil *.log
+"""
+
+
+def _readme(project: Project, bundle_name: str) -> str:
+    rows = "\n".join(
+        f"| `{pk.top}` | {pk.kind} | {', '.join(pk.kernels)} | {len(pk.compute_units)} | "
+        + "; ".join(f"{cu}: {pk.slr[cu]}, {', '.join(sorted(set(pk.banks[cu].values())))}" for cu in pk.compute_units)
+        + " |"
+        for pk in project.kernels
+    )
+    steps = "\n".join(f"    {s.command}" for s in project.steps("hw"))
+    return f"""# Vitis project for bundle `{bundle_name}` on {project.card.name}
+
+Generated by `offload build`. Platform `{project.platform}`; {project.card.memory} memory.
+
+| top function | kind | bundle kernels | CUs | placement |
+|---|---|---|---|---|
+{rows}
+
+## Build (on a machine with Vitis and the platform installed)
+
+    source /tools/Xilinx/Vitis/<version>/settings64.sh
+    make hw            # or hw_emu / sw_emu; PLATFORM=<name> to override
+
+`make hw` runs:
+
+{steps}
+
+Vitis brings its own `ap_int.h`/`ap_fixed.h`; `include/` holds offload's HLS headers and
+hls4ml's `nnet_utils`. The kernels were C-simulated against offload's bit-exact reference
+before this project was written (`offload build` fails otherwise).
+
+## Use the result
+
+    offload build BUNDLE --target {project.card.name} --out DIR --vitis   # records the xclbin in the bundle
+    # or by hand: offload.host.bundle.record_xclbin(BUNDLE, "build/hw/{XCLBIN}", target="{project.card.name}", platform="{project.platform}", compute_units=...)
+
+then `open_device("xrt:0").load_bundle(offload.load(BUNDLE))`.
+"""
+
+
+def _copy_headers(dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in sorted(csim.offload_include().iterdir()):
+        if p.suffix in (".h", ".hpp"):
+            shutil.copyfile(p, dest / p.name)
+    # hls4ml's Vitis backend: the Vivado nnet_utils with the Vitis overrides on top.
+    vivado = csim.nnet_utils_include() / "nnet_utils"
+    vitis = vivado.parent.parent / "vitis" / "nnet_utils"
+    shutil.copytree(vivado, dest / "nnet_utils", dirs_exist_ok=True)
+    if vitis.is_dir():
+        shutil.copytree(vitis, dest / "nnet_utils", dirs_exist_ok=True)
+
+
+def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform: str | None = None, compute_units: int | Mapping[str, int] = 1) -> Project:
+    """Write the Vitis project for ``bundle`` (a :class:`offload.host.bundle.Bundle` or anything with
+    ``kernels: dict[name, Kernel]``) and card ``target`` into ``out``.
+
+    Kernels with the same top function (same spec) share its compute units; ``compute_units``
+    is a count for all tops or a mapping top -> count.
+    """
+    card, plat = _resolve_card(target, platform)
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    project = Project(root, card, plat)
+    by_top: dict[str, ProjectKernel] = {}
+    sources_of: dict[str, dict[str, str]] = {}
+    next_bank = [0]
+    for kname, k in bundle.kernels.items():
+        hk = get_hls_kind(k.kind)
+        top = hk.top_name(k.spec)
+        if top in by_top:
+            by_top[top].kernels.append(kname)
+            continue
+        srcs = hk.sources(k.spec)
+        n = compute_units.get(top, 1) if isinstance(compute_units, Mapping) else int(compute_units)
+        if n < 1:
+            raise ValueError(f"compute_units: {top} needs at least 1, got {n}")
+        cus, slr, banks = _place(card, len(by_top), top, hk.top_args(k.spec), n, next_bank)
+        by_top[top] = ProjectKernel(top, k.kind, [kname], sorted(srcs), cus, slr, banks)
+        sources_of[top] = srcs
+    project.kernels = list(by_top.values())
+    for top, srcs in sources_of.items():
+        d = root / "src" / top
+        d.mkdir(parents=True, exist_ok=True)
+        for name, text in srcs.items():
+            (d / name).write_text(text)
+    _copy_headers(root / "include")
+    (root / "connectivity.cfg").write_text(_connectivity(project))
+    (root / "Makefile").write_text(_makefile(project))
+    (root / "README.md").write_text(_readme(project, getattr(bundle, "name", "bundle")))
+    (root / "project.json").write_text(
+        json.dumps(
+            {
+                "card": card.name,
+                "platform": plat,
+                "kernels": [asdict(pk) for pk in project.kernels],
+                "steps": {t: [s.command for s in project.steps(t)] for t in TARGETS},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return project
+
+
+# ------------------------------------------------------------------------------ golden C-simulation
+
+InputGenerator = Callable[[Any, np.random.Generator, int], dict[str, np.ndarray]]
+_GENERATORS: dict[str, InputGenerator] = {}
+
+
+def register_input_generator(kind: str, fn: InputGenerator) -> None:
+    """Register how to make golden inputs for a kind: ``fn(spec, rng, case) -> inputs``.
+    Case 0 should be adversarial (extremes, empty and full sizes), later cases random."""
+    _GENERATORS[kind] = fn
+
+
+def _embedding_inputs(spec: Any, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
+    from offload.sim.fixed import FixedType
+
+    B = 3 + case
+    lens_all, idx_all = [], []
+    for ts in spec.tables:
+        if case == 0:  # empty bag, full bag, single entry, then random
+            lens = np.array([0, spec.max_bag_size, 1][:B] + [0] * max(0, B - 3))
+        else:
+            lens = rng.integers(0, spec.max_bag_size + 1, size=B)
+        n = int(lens.sum())
+        idx = rng.integers(0, ts.num_rows, size=n)
+        if case == 0 and n:
+            edge = [0, ts.num_rows - 1] + ([ts.padding_idx] if ts.padding_idx is not None else [])
+            idx[: len(edge)] = edge[: n]
+        lens_all.append(lens)
+        idx_all.append(idx)
+    dtype = np.int64 if case % 2 == 0 else np.int32
+    lens = np.concatenate(lens_all)
+    out = {
+        "indices": np.concatenate(idx_all).astype(dtype),
+        "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(dtype),
+    }
+    if spec.mode == "sum" and case % 2 == 1:
+        wt = FixedType.parse(spec.weight_type)
+        n = out["indices"].shape[0]
+        w = rng.integers(wt.min_raw, wt.max_raw + 1, size=n, dtype=np.int64)
+        w[: min(2, n)] = [wt.min_raw, wt.max_raw][: min(2, n)]
+        out["per_sample_weights"] = w
+    return out
+
+
+register_input_generator("embedding", _embedding_inputs)
+
+
+def golden_inputs(spec: Any, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
+    """Inputs for golden case ``case`` of a kernel with ``spec`` (see :func:`register_input_generator`)."""
+    fn = _GENERATORS.get(spec.kind)
+    if fn is None:
+        raise KeyError(f"no golden input generator for kernel kind {spec.kind!r}; register one with offload.hls.build.register_input_generator")
+    return fn(spec, rng, case)
+
+
+@dataclass(frozen=True)
+class GoldenResult:
+    """One kernel's C-simulation against the reference: cases run, elements compared, mismatches."""
+
+    kernel: str
+    top: str
+    cases: int
+    compared: int
+    mismatches: int
+    first: str | None = None  # where the first mismatch is, for the error message
+
+
+def _run_top(kernel: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from offload.hls.ctop import load_top
+
+    hk = get_hls_kind(kernel.kind)
+    top = load_top(kernel.spec)
+    resident = hk.pack_resident(kernel.spec, kernel.tensors)
+    packed = hk.pack_inputs(kernel.spec, inputs)
+    values, outs = [], {}
+    for a in top.args:
+        if a.role == "resident":
+            values.append(np.ascontiguousarray(resident[a.name], dtype=a.dtype))
+        elif a.role == "scalar":
+            values.append(packed[a.name])
+        else:
+            arr = np.array(packed[a.name], dtype=a.dtype, copy=True, order="C")
+            values.append(arr)
+            if a.role == "output":
+                outs[a.name] = arr
+    top(values)
+    return hk.unpack_outputs(kernel.spec, inputs, outs)
+
+
+def golden_check(bundle: Any, *, cases: int = 3, seed: int = 0) -> list[GoldenResult]:
+    """C-simulate every kernel of ``bundle`` (generated C++, g++) against its sim reference."""
+    results = []
+    for kname, k in bundle.kernels.items():
+        kind = get_kind(k.kind)
+        rng = np.random.default_rng([seed, len(results)])
+        compared = mismatches = 0
+        first = None
+        for c in range(cases):
+            inputs = golden_inputs(k.spec, rng, c)
+            kind.validate(k.spec, k.tensors, inputs)
+            want = kind.reference(k.spec, k.tensors, inputs)
+            got = _run_top(k, inputs)
+            for name, w in want.items():
+                g = got.get(name)
+                w = np.asarray(w)
+                if g is None or np.shape(g) != w.shape:
+                    mismatches += w.size
+                    first = first or f"case {c}: output {name!r} has shape {None if g is None else np.shape(g)}, expected {w.shape}"
+                    continue
+                bad = np.asarray(g) != w
+                compared += w.size
+                if bad.any():
+                    mismatches += int(bad.sum())
+                    if first is None:
+                        i = tuple(int(x) for x in np.argwhere(bad)[0])
+                        first = f"case {c}: {name}{list(i)} = {np.asarray(g)[i]}, reference {w[i]}"
+        results.append(GoldenResult(kname, get_hls_kind(k.kind).top_name(k.spec), cases, compared, mismatches, first))
+    return results
+
+
+# ------------------------------------------------------------------------------ running Vitis
+
+
+def missing_tools() -> list[str]:
+    """The Vitis tools this machine lacks (``v++`` builds, ``vitis_hls`` is what v++ -c calls)."""
+    return [t for t in ("v++", "vitis_hls") if shutil.which(t) is None]
+
+
+_ERROR_LINE = re.compile(r"^\s*(ERROR|CRITICAL WARNING|FATAL)\b|\berror:", re.IGNORECASE)
+
+
+def run_vitis(
+    project: Project,
+    target: str = "hw",
+    *,
+    on_step: Callable[[int, int, Step], None] | None = None,
+    on_line: Callable[[Step, str], None] | None = None,
+) -> Path:
+    """Run the project's steps for ``target``; returns the xclbin. Logs go to ``logs/<target>/``."""
+    steps = project.steps(target)
+    logs = project.root / "logs" / target
+    logs.mkdir(parents=True, exist_ok=True)
+    (project.root / "build" / target).mkdir(parents=True, exist_ok=True)
+    for i, step in enumerate(steps):
+        if on_step:
+            on_step(i, len(steps), step)
+        log = logs / (re.sub(r"[^A-Za-z0-9_.-]+", "_", step.name) + ".log")
+        errors: list[str] = []
+        with open(log, "w") as lf:
+            try:
+                proc = subprocess.Popen(step.argv, cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+            except FileNotFoundError as e:
+                raise BuildError(f"{step.name}: {step.argv[0]} is not on PATH ({e})") from None
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lf.write(line)
+                line = line.rstrip("\n")
+                if _ERROR_LINE.search(line) and not line.lstrip().upper().startswith("CRITICAL WARNING"):
+                    errors.append(line.strip())
+                if on_line:
+                    on_line(step, line)
+            rc = proc.wait()
+        if rc != 0:
+            shown = "\n".join(f"  {e}" for e in errors[:20]) or "  (the tool printed no ERROR line; see the log)"
+            raise BuildError(f"{step.name} failed (exit {rc}): {step.command}\n{shown}\nfull log: {log}")
+        if not (project.root / step.output).exists():
+            raise BuildError(f"{step.name}: {step.argv[0]} exited 0 but did not write {step.output}; see {log}")
+    return project.root / steps[-1].output
+
+
+def collect_reports(project: Project, target: str = "hw") -> dict[str, dict]:
+    """Parsed C-synthesis summaries per top function found under the build's temp dir (may be empty)."""
+    from offload.hls.reports import ReportError, parse_report
+
+    found: dict[str, dict] = {}
+    base = project.root / "build" / target / "_x"
+    for pk in project.kernels:
+        for pat in ("csynth.xml", f"{pk.top}_csynth.xml", "csynth.rpt", f"{pk.top}_csynth.rpt"):
+            hits = [p for p in base.rglob(pat) if pk.top in p.parts]
+            if hits:
+                try:
+                    found[pk.top] = {"report": str(hits[0]), **parse_report(hits[0]).to_json()}
+                except (ReportError, OSError) as e:
+                    found[pk.top] = {"report": str(hits[0]), "error": str(e)}
+                break
+    return found
