@@ -19,5 +19,12 @@ def demo() -> None:
     run_demo()
 
 
+from offload._cli_build import build_cmd as _build_cmd, devices_cmd as _devices_cmd, info_cmd as _info_cmd  # noqa: E402
+
+main.add_command(_build_cmd)
+main.add_command(_info_cmd)
+main.add_command(_devices_cmd)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

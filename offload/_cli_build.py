@@ -1,0 +1,318 @@
+"""``offload build``, ``offload info`` and ``offload devices``: bundles to Vitis projects, what a
+bundle holds, and which devices this host can open (and why not)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["build_cmd", "info_cmd", "devices_cmd"]
+
+_CARDS = ("u50", "u55c", "u250", "u280")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _load_bundle(path: str):
+    from offload.host.bundle import BundleError, load
+
+    try:
+        return load(path)
+    except BundleError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@click.command("build")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option("--target", required=True, type=click.Choice(_CARDS), help="Alveo card.")
+@click.option("--platform", default=None, help="Platform name (default: the card's usual platform).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Directory for the Vitis project.")
+@click.option("--vitis", is_flag=True, help="Run v++ (compile, link) when it is on PATH; record the xclbin in the bundle.")
+@click.option("--vitis-target", type=click.Choice(["sw_emu", "hw_emu", "hw"]), default="hw", show_default=True)
+@click.option("--cus", type=click.IntRange(1, 16), default=1, show_default=True, help="Compute units per kernel.")
+@click.option("--cases", type=click.IntRange(1, 100), default=3, show_default=True, help="Golden C-simulation cases per kernel.")
+def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: bool, vitis_target: str, cus: int, cases: int) -> None:
+    """Write a Vitis project for BUNDLE, C-simulate its kernels, optionally run v++.
+
+    \b
+    offload build model.offload --target u55c --out build/u55c
+    offload build model.offload --target u55c --out build/u55c --vitis
+    """
+    from rich.table import Table
+
+    from offload.hls import build as hb
+
+    con = _console()
+    b = _load_bundle(bundle)
+    project = hb.write_project(b, target, out, platform=platform, compute_units=cus)
+    con.print(f"[bold]Vitis project[/] for [cyan]{b.name}[/] on {project.card.name} ({project.platform}): {project.root}")
+
+    with con.status("C-simulating kernels against the reference (g++)..."):
+        try:
+            results = hb.golden_check(b, cases=cases)
+        except Exception as e:  # a build error of the generated C++ is the answer here
+            raise click.ClickException(f"C-simulation failed: {e}") from None
+    t = Table(title="C-simulation vs reference")
+    for col in ("kernel", "top function", "cases", "elements", "mismatches"):
+        t.add_column(col)
+    for r in results:
+        t.add_row(r.kernel, r.top, str(r.cases), str(r.compared), ("[green]0" if r.mismatches == 0 else f"[red]{r.mismatches}"))
+    con.print(t)
+    bad = [r for r in results if r.mismatches]
+    if bad:
+        raise click.ClickException("C-simulation mismatches: " + "; ".join(f"{r.kernel}: {r.mismatches} ({r.first})" for r in bad))
+
+    steps = project.steps(vitis_target)
+    if not vitis:
+        _print_left(con, project, steps, vitis_target, "Not run (no --vitis).")
+        return
+    missing = hb.missing_tools()
+    if missing:
+        _print_left(con, project, steps, vitis_target, f"{', '.join(missing)} not found on PATH: the Vitis steps cannot run on this machine.")
+        raise click.ClickException(f"--vitis: {', '.join(missing)} not on PATH (source Vitis' settings64.sh); the project is written, the steps above are left")
+
+    xclbin = _run_steps(con, hb, project, vitis_target)
+    reports = hb.collect_reports(project, vitis_target)
+    (project.root / f"reports_{vitis_target}.json").write_text(json.dumps(reports, indent=2) + "\n")
+    if reports:
+        rt = Table(title="C-synthesis estimates")
+        for col in ("top function", "latency (cycles)", "II", "LUT", "FF", "DSP", "BRAM_18K", "URAM"):
+            rt.add_column(col)
+        for top, r in reports.items():
+            res = r.get("resources", {}) or {}
+            rt.add_row(top, str(r.get("latency_max", "")), str(r.get("interval_min", "")), *(str(res.get(k, "")) for k in ("LUT", "FF", "DSP", "BRAM_18K", "URAM")))
+        con.print(rt)
+    con.print(f"[green]xclbin[/] {xclbin}")
+    if vitis_target == "hw":
+        from offload.host.bundle import record_xclbin
+
+        nb = record_xclbin(bundle, xclbin, target=project.card.name, platform=project.platform, compute_units=project.compute_units)
+        con.print(f"recorded in bundle {bundle}: UUID {nb.xclbin_uuid}")
+    else:
+        con.print(f"{vitis_target} xclbin: run with XCL_EMULATION_MODE={vitis_target} after `make emconfig` (not recorded in the bundle)")
+
+
+def _print_left(con, project, steps, vitis_target: str, why: str) -> None:
+    con.print(f"\n[yellow]{why}[/] Steps left, to run on a machine with Vitis and the platform installed:")
+    con.print(f"  cd {project.root} && make {vitis_target}", markup=False)
+    con.print("which runs:")
+    for s in steps:
+        con.print(f"  {s.command}", markup=False)
+    con.print(f"then record the xclbin: offload build BUNDLE --target {project.card.name} --out {project.root} --vitis", markup=False)
+
+
+def _run_steps(con, hb, project, vitis_target: str) -> Path:
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=con) as prog:
+        task = prog.add_task("v++", total=len(project.steps(vitis_target)))
+
+        def on_step(i: int, n: int, step) -> None:
+            prog.update(task, completed=i, description=step.name)
+
+        def on_line(step, line: str) -> None:
+            if line.strip():
+                prog.update(task, description=f"{step.name}: {line.strip()[:70]}")
+
+        try:
+            xclbin = hb.run_vitis(project, vitis_target, on_step=on_step, on_line=on_line)
+        except hb.BuildError as e:
+            prog.stop()
+            raise click.ClickException(str(e)) from None
+        prog.update(task, completed=len(project.steps(vitis_target)), description="done")
+    return xclbin
+
+
+# ------------------------------------------------------------------------------------------ info
+
+_FORMAT = re.compile(r"ap_u?fixed<[^>]*>|ap_u?int<\d+>|int8_rowwise|float32|float16|bfloat16")
+
+
+def _formats(spec_json: Any) -> list[str]:
+    seen: list[str] = []
+    for m in _FORMAT.findall(json.dumps(spec_json)):
+        if m not in seen:
+            seen.append(m)
+    return seen
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@click.command("info")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables.")
+def info_cmd(bundle: str, as_json: bool) -> None:
+    """What BUNDLE holds: kernels (kind, formats, tensors, sizes), xclbin and target card."""
+    from rich.table import Table
+
+    b = _load_bundle(bundle)
+    rows = []
+    for name, k in b.kernels.items():
+        spec = k.spec.to_json()
+        nbytes = int(sum(v.nbytes for v in k.tensors.values()))
+        rows.append(
+            {
+                "kernel": name,
+                "kind": k.kind,
+                "formats": _formats(spec),
+                "tensors": {t: {"shape": list(v.shape), "dtype": str(v.dtype)} for t, v in k.tensors.items()},
+                "bytes": nbytes,
+            }
+        )
+    summary = {
+        "name": b.name,
+        "path": str(b.path),
+        "meta": b.meta,
+        "kernels": rows,
+        "xclbin": None if b.xclbin is None else {"file": str(b.xclbin), "uuid": b.xclbin_uuid, "target": b.target, "platform": b.platform, "compute_units": b.compute_units},
+    }
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    from rich.markup import escape
+
+    con = _console()
+    con.print(f"[bold]{escape(b.name)}[/]  {escape(str(b.path))}")
+    if b.meta:
+        con.print("meta: " + ", ".join(f"{k}={v}" for k, v in b.meta.items()), markup=False)
+    t = Table(title="kernels")
+    for col in ("kernel", "kind", "formats", "tensors", "size", "target"):
+        t.add_column(col)
+    for r in rows:
+        tens = ", ".join(f"{n} {tuple(d['shape'])} {d['dtype']}" for n, d in r["tensors"].items())
+        cells = (r["kernel"], r["kind"], ", ".join(r["formats"]) or "-", tens, _size(r["bytes"]), b.target or "- (no xclbin)")
+        t.add_row(*(escape(c) for c in cells))
+    con.print(t)
+    if b.xclbin is not None:
+        cus = "; ".join(f"{top}: {len(v)} CU" for top, v in b.compute_units.items()) or "-"
+        con.print(f"xclbin {b.xclbin}  UUID {b.xclbin_uuid}  target {b.target} ({b.platform})  {cus}", markup=False)
+    else:
+        con.print("no xclbin: runs on sim and emu; build one with `offload build BUNDLE --target CARD --out DIR --vitis`", markup=False)
+
+
+# --------------------------------------------------------------------------------------- devices
+
+_PYNQ_MAX_XRT = (2, 16)
+
+
+def _xrt_version(pyxrt: Any | None) -> str | None:
+    """XRT's version: pyxrt's own attribute, /opt/xilinx/xrt/version.json, or `xbutil --version`."""
+    v = getattr(pyxrt, "__version__", None) or getattr(pyxrt, "version", None) if pyxrt is not None else None
+    if isinstance(v, str) and v:
+        return v
+    vj = Path("/opt/xilinx/xrt/version.json")
+    if vj.is_file():
+        try:
+            d = json.loads(vj.read_text())
+            v = d.get("BUILD_VERSION") or d.get("version")
+            if v:
+                return str(v)
+        except (OSError, ValueError):
+            pass
+    xbutil = shutil.which("xbutil")
+    if xbutil:
+        try:
+            out = subprocess.run([xbutil, "--version"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        m = re.search(r"Version\s*:\s*([0-9][0-9.]*)", out)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+
+
+def probe_devices() -> list[dict]:
+    """What each backend can open on this host: ``{"backend", "available", "devices", "why"}``."""
+    found: list[dict] = [{"backend": "sim", "available": True, "devices": ["sim"], "why": "NumPy reference models"}]
+    try:
+        from offload.hls import csim
+
+        csim.ap_types_include()
+        cxx = shutil.which("g++") or None
+        if cxx is None and not __import__("os").environ.get("CXX"):
+            raise csim.ToolchainMissing("g++ not found on PATH")
+        found.append({"backend": "emu", "available": True, "devices": ["emu"], "why": "HLS C++ built with g++"})
+    except Exception as e:
+        found.append({"backend": "emu", "available": False, "devices": [], "why": str(e)})
+
+    pyxrt = None
+    try:
+        import pyxrt  # type: ignore[import-not-found]
+    except ImportError:
+        found.append({"backend": "xrt", "available": False, "devices": [], "why": "no pyxrt: install XRT and `source /opt/xilinx/xrt/setup.sh`"})
+    xrt_ver = _xrt_version(pyxrt)
+    if pyxrt is not None:
+        try:
+            n = int(pyxrt.enumerate_devices())
+        except Exception as e:
+            n, err = 0, str(e)
+        else:
+            err = ""
+        cards = []
+        for i in range(n):
+            try:
+                d = pyxrt.device(i)
+                cards.append(f"xrt:{i} {d.get_info(pyxrt.xrt_info_device.bdf)} {d.get_info(pyxrt.xrt_info_device.name)}")
+            except Exception as e:
+                cards.append(f"xrt:{i} (cannot open: {e})")
+        why = f"XRT {xrt_ver or 'version unknown'}" + (f"; {len(cards)} card(s)" if cards else f"; no card found{': ' + err if err else ''} (is the card flashed and the xocl driver loaded? `xbutil examine`)")
+        found.append({"backend": "xrt", "available": bool(cards), "devices": cards, "why": why})
+
+    try:
+        import pynq  # type: ignore[import-not-found]
+    except ImportError:
+        found.append({"backend": "pynq", "available": False, "devices": [], "why": "no pynq: pip install 'offload[pynq]' (PYNQ 3.x, needs XRT <= 2.16)"})
+    else:
+        if xrt_ver and _version_tuple(xrt_ver) > _PYNQ_MAX_XRT:
+            found.append({"backend": "pynq", "available": False, "devices": [], "why": f"XRT {xrt_ver} is too new for PYNQ 3.x (needs XRT <= 2.16); use the xrt backend"})
+        else:
+            try:
+                devs = list(pynq.Device.devices)
+            except Exception as e:
+                devs, err = [], str(e)
+            else:
+                err = ""
+            names = [f"pynq:{i} {getattr(d, 'name', d)}" for i, d in enumerate(devs)]
+            why = f"PYNQ {getattr(pynq, '__version__', '?')}" + (f"; {len(names)} card(s)" if names else f"; no card enumerated{': ' + err if err else ''}")
+            found.append({"backend": "pynq", "available": bool(names), "devices": names, "why": why})
+    return found
+
+
+@click.command("devices")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def devices_cmd(as_json: bool) -> None:
+    """Which devices this host can open, and why the others are not available."""
+    from rich.table import Table
+
+    found = probe_devices()
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    from rich.markup import escape
+
+    t = Table(title="offload devices")
+    for col in ("backend", "status", "devices", "details"):
+        t.add_column(col)
+    for f in found:
+        t.add_row(f["backend"], "[green]available" if f["available"] else "[red]unavailable", escape("\n".join(f["devices"]) or "-"), escape(f["why"]))
+    _console().print(t)
