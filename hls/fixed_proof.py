@@ -14,7 +14,7 @@ Case kinds (``Case.op``):
 
 Example::
 
-    from offload.sim import FixedType
+    from offload.sim import FixedType, add_type, mul_type, sub_type
     from offload.hls.fixed_proof import Case, run_cases
     t = FixedType.parse("ap_fixed<8,3,AP_RND,AP_SAT>")
     (raw, back), = run_cases([Case("quantize", (t,))], [[0.3, -9.0]])
@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from offload.sim import FixedType
+from offload.sim import FixedType, add_type, mul_type, sub_type
 
 from . import csim
 
@@ -131,6 +131,10 @@ class Case:
         for t in self.types:
             if t.width > 64:
                 raise ValueError(f"Case types must be at most 64 bits wide, got {t}")
+        if self.op in ("add", "sub", "mul"):
+            rt = {"add": add_type, "sub": sub_type, "mul": mul_type}[self.op](*self.types)
+            if rt.width > 64:
+                raise ValueError(f"Case {self.op}: result type {rt} is wider than the 64 bits read back")
 
 
 def program_source(cases: Sequence[Case]) -> str:
@@ -141,7 +145,7 @@ def program_source(cases: Sequence[Case]) -> str:
 
 def build_program(cases: Sequence[Case]):
     """Compile (or fetch from cache) the program for ``cases``; returns the executable's path."""
-    return csim.build({"fixed_proof.cpp": program_source(cases)}, flags=("-O1", "-std=c++14", "-w"))
+    return csim.build({"fixed_proof.cpp": program_source(cases)}, flags=("-O1", "-std=c++14", "-w", "-DNDEBUG"))
 
 
 def _pattern(raw: np.ndarray, t: FixedType) -> np.ndarray:

@@ -257,15 +257,21 @@ class FixedType:
         """Raw values of type ``src`` -> raw values of this type, as the C++ assignment ``T dst = (S)src;``.
 
         ``ap_int``/``ap_uint`` targets use ``ap_int_base(const ap_fixed_base&)``: truncation toward
-        zero and wrap-around; for a source with I <= 0 the header's to_ap_int_base() yields -1 for
-        every negative value and 0 otherwise, which is reproduced.
+        zero and wrap-around; for a source with I == 0 the header's to_ap_int_base() yields -1 for
+        every negative value and 0 otherwise, which is reproduced; a source with I < 0 makes the header
+        read an uninitialised value, so that cast raises ValueError.
         """
         src = FixedType.parse(src)
         self._need_raw("cast")
         a = src.check_raw(raw, "cast source")
         neg, mag = _c.split_raw(a, src)
         if self.is_int and not src.is_int:
-            if src.integer <= 0:
+            if src.integer < 0:
+                raise ValueError(
+                    f"cast {src} -> {self}: ap_types' to_ap_int_base() reads an uninitialised value for a source with I < 0; "
+                    "cast through an ap_fixed type with I >= 0 first"
+                )
+            if src.integer == 0:
                 pattern = np.where(neg, np.uint64(0xFFFFFFFFFFFFFFFF), np.uint64(0)) & _c.low_mask(self.width)
                 return _c.to_raw(pattern, self)
             mode = "AP_TRN_ZERO"
