@@ -1,0 +1,125 @@
+"""The xrt device through the pyxrt stand-in (tests/fakes/pyxrt.py), and on a real card when present."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _host_util import FAKES, assert_same, bundle_with_xclbin, fake_xclbin, fakes, sa  # noqa: F401
+from offload.host import DeviceError, DeviceTimeout, open_device
+
+
+def _two_kernels():
+    return [sa.make_kernel("sa", n=8, scale=3, seed=0), sa.make_kernel("sb", n=8, scale=3, seed=5)]
+
+
+def test_bundle_runs_on_xrt_like_sim(fakes, tmp_path):
+    pyxrt, _ = fakes
+    b = bundle_with_xclbin(tmp_path, _two_kernels(), cus=2)
+    dev, sim = open_device("xrt:0"), open_device("sim")
+    hx, hs = dev.load_bundle(b), sim.load_bundle(b)
+    for i in range(4):
+        inp = sa.make_inputs(n=8, batch=1 + i, seed=i)
+        for name in ("sa", "sb"):
+            assert_same(dev.run(hx[name], inp, timeout=5.0), sim.run(hs[name], inp))
+    # Two kernels x four calls, alternating over two compute units of the one top function.
+    assert sorted(pyxrt.cu_runs.values()) == [4, 4]
+    # Resident bos once per CU and kernel (2 x 2), per-call bos reused: x and y per CU bank, once.
+    assert pyxrt.stats["bo_allocs"] == 4 + 2 * 2
+    info = dev.info()
+    assert info.kind == "xrt" and info.details["bdf"] == "0000:3b:00.1"
+    dev.close()
+
+
+def test_open_by_bdf_and_missing_card(fakes):
+    dev = open_device("xrt:0000:3b:00.1")
+    assert dev.info().details["bdf"] == "0000:3b:00.1"
+    with pytest.raises(DeviceError, match="cannot open card '3'"):
+        open_device("xrt:3")
+
+
+def test_uuid_mismatch_is_refused(fakes, tmp_path):
+    b = bundle_with_xclbin(tmp_path, _two_kernels())
+    fake_xclbin(tmp_path / "other.xclbin", _two_kernels())  # same kernels, another build (UUID)
+    b.xclbin = tmp_path / "other.xclbin"
+    with pytest.raises(DeviceError, match="does not match the bundle's recorded UUID"):
+        open_device("xrt:0").load_bundle(b)
+
+
+def test_load_without_xclbin_says_how(fakes, monkeypatch):
+    monkeypatch.delenv("OFFLOAD_XCLBIN", raising=False)
+    with pytest.raises(DeviceError, match="no xclbin is loaded"):
+        open_device("xrt:0").load(sa.make_kernel())
+
+
+def test_kernel_not_in_xclbin(fakes, tmp_path):
+    fake_xclbin(tmp_path / "x.xclbin", [sa.make_kernel(n=4)])
+    dev = open_device("xrt:0")
+    dev.load_xclbin(tmp_path / "x.xclbin")
+    with pytest.raises(DeviceError, match="is not in xclbin"):
+        dev.load(sa.make_kernel(n=8))
+
+
+@pytest.mark.parametrize(
+    "state, err, words",
+    [
+        ("ERT_CMD_STATE_TIMEOUT", DeviceTimeout, "did not complete within"),
+        ("ERT_CMD_STATE_ERROR", DeviceError, "ended in state ERT_CMD_STATE_ERROR"),
+        ("ERT_CMD_STATE_ABORT", DeviceError, "ended in state ERT_CMD_STATE_ABORT"),
+    ],
+)
+def test_run_states_become_typed_errors(fakes, tmp_path, state, err, words):
+    pyxrt, _ = fakes
+    b = bundle_with_xclbin(tmp_path, _two_kernels())
+    dev = open_device("xrt:0")
+    h = dev.load_bundle(b)["sa"]
+    inp = sa.make_inputs()
+    pyxrt.inject_fault(getattr(pyxrt.ert_cmd_state, state))
+    with pytest.raises(err, match=words) as ei:
+        dev.run(h, inp, timeout=0.5)
+    assert "'sa'" in str(ei.value)
+    # The device stays usable and the failed call gave its buffers back: the next two calls (the
+    # other CU, then the failed one's CU again) allocate only the other CU's x and y.
+    allocs = pyxrt.stats["bo_allocs"]
+    ref = open_device("sim")
+    want = ref.run(ref.load(b.kernels["sa"]), inp)
+    for _ in range(2):
+        assert_same(dev.run(h, inp), want)
+    assert pyxrt.stats["bo_allocs"] == allocs + 2
+
+
+def test_invalid_input_never_reaches_the_card(fakes, tmp_path):
+    pyxrt, _ = fakes
+    b = bundle_with_xclbin(tmp_path, _two_kernels())
+    dev = open_device("xrt:0")
+    h = dev.load_bundle(b)["sa"]
+    before = dict(pyxrt.stats)
+    with pytest.raises(ValueError, match="x: shape"):
+        dev.run(h, {"x": np.zeros((3, 5), np.int32)})
+    assert pyxrt.stats == before
+
+
+def test_missing_pyxrt_names_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyxrt", None)
+    with pytest.raises(DeviceError, match="pyxrt.*install XRT"):
+        open_device("xrt:0")
+
+
+@pytest.mark.hardware
+def test_real_card_enumerates():
+    """On a host with XRT and an Alveo card: the card opens and reports itself."""
+    try:
+        import pyxrt
+    except ImportError:
+        pytest.skip("pyxrt is not installed (no XRT on this host)")
+    if Path(pyxrt.__file__).resolve().parent == FAKES:
+        pytest.skip("only the test stand-in of pyxrt is importable")
+    if pyxrt.enumerate_devices() < 1:
+        pytest.skip("XRT finds no card on this host")
+    dev = open_device("xrt:0")
+    info = dev.info()
+    assert info.details.get("bdf")
+    dev.close()
