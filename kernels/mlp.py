@@ -1,0 +1,247 @@
+"""Kernel kind ``mlp``: a small scoring MLP in hls4ml's io_parallel datapath.
+
+The spec lists the layers with their ap_types types (:class:`offload.sim.mlp.MlpLayer`); the
+resident tensors are the raw fixed-point weights (``"<layer>.weight"`` [n_in, n_out] in hls4ml's
+order, ``"<layer>.bias"``, ``"<layer>.scale"``), int64. Inputs are ``{"x": float64 [B, F]}``,
+outputs ``{"y": float64 [B, n_out]}``; the reference is :func:`offload.sim.mlp.simulate`.
+Everything here is JSON and NumPy: a saved bundle is served without torch.
+
+Example::
+
+    from offload.kernels import get_kind
+    kind = get_kind("mlp")
+    kind.validate(spec, tensors, {"x": x})
+    y = kind.reference(spec, tensors, {"x": x})["y"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from offload.kernels.registry import KernelKind, register_kind
+from offload.sim.fixed import FixedType, mul_type
+from offload.sim.mlp import OPS, MlpLayer, simulate
+
+__all__ = ["MlpSpec", "MlpLayer", "validate", "reference", "KIND", "MAX_FEATURES", "MAX_BATCH"]
+
+MAX_FEATURES = 4096
+MAX_BATCH = 1 << 22
+_ACTIVATIONS = ("relu", "leaky_relu", "sigmoid", "tanh")
+
+
+@dataclass(frozen=True)
+class MlpSpec:
+    """A scoring MLP: input type, layers (in order), raw weights, reuse factor.
+
+    ``n_features`` is the input width; the output width is the last layer's ``n_out``.
+    ``constants`` holds the raw weights (name -> flattened ints): hls4ml bakes weights into the
+    firmware as constants, so the generated C++ depends on them and the spec must carry them.
+    The kernel's resident tensors are the same arrays (:meth:`tensors`), used by the sim device.
+    """
+
+    n_features: int
+    input_type: str
+    layers: tuple[MlpLayer, ...]
+    constants: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    reuse_factor: int = 1
+    kind: str = field(default="mlp")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        consts = self.constants.items() if isinstance(self.constants, Mapping) else self.constants
+        object.__setattr__(
+            self, "constants", tuple(sorted((str(k), tuple(int(v) for v in np.asarray(a).ravel())) for k, a in consts))
+        )
+        _check_spec(self)
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The raw weights as int64 arrays of their shapes (the kernel's resident tensors)."""
+        shapes = self.tensor_shapes()
+        return {k: np.asarray(v, dtype=np.int64).reshape(shapes[k]) for k, v in self.constants}
+
+    @property
+    def n_outputs(self) -> int:
+        return self.layers[-1].n_out if self.layers else self.n_features
+
+    @property
+    def output_type(self) -> str:
+        return self.layers[-1].result if self.layers else self.input_type
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "n_features": self.n_features,
+            "input_type": self.input_type,
+            "reuse_factor": self.reuse_factor,
+            "layers": [layer.to_json() for layer in self.layers],
+            "constants": {k: list(v) for k, v in self.constants},
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "MlpSpec":
+        if d.get("kind", "mlp") != "mlp":
+            raise ValueError(f"spec kind {d.get('kind')!r} is not 'mlp'")
+        return cls(
+            n_features=int(d["n_features"]),
+            input_type=str(d["input_type"]),
+            layers=tuple(MlpLayer.from_json(x) for x in d["layers"]),
+            constants=tuple((k, tuple(v)) for k, v in dict(d.get("constants", {})).items()),
+            reuse_factor=int(d.get("reuse_factor", 1)),
+        )
+
+    def digest(self) -> str:
+        """Short content hash of the spec (names generated sources and caches)."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every resident tensor this spec needs."""
+        out: dict[str, tuple[int, ...]] = {}
+        for layer in self.layers:
+            if layer.op == "dense":
+                out[f"{layer.name}.weight"] = (layer.n_in, layer.n_out)
+                if layer.use_bias:
+                    out[f"{layer.name}.bias"] = (layer.n_out,)
+            elif layer.op == "batchnorm":
+                out[f"{layer.name}.scale"] = (layer.n_in,)
+                out[f"{layer.name}.bias"] = (layer.n_in,)
+        return out
+
+    def tensor_types(self) -> dict[str, str]:
+        """Name -> ap_types type of every resident tensor."""
+        out = {}
+        for layer in self.layers:
+            if layer.op == "dense":
+                out[f"{layer.name}.weight"] = layer.weight
+                if layer.use_bias:
+                    out[f"{layer.name}.bias"] = layer.bias
+            elif layer.op == "batchnorm":
+                out[f"{layer.name}.scale"] = layer.scale
+                out[f"{layer.name}.bias"] = layer.bias
+        return out
+
+
+def _type(layer: MlpLayer, role: str) -> FixedType:
+    text = getattr(layer, role)
+    if text is None:
+        raise ValueError(f"layer {layer.name!r} ({layer.op}): missing {role} type")
+    try:
+        t = FixedType.parse(text)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"layer {layer.name!r}: {role} type {text!r}: {e}") from None
+    if t.width > 62:
+        raise ValueError(f"layer {layer.name!r}: {role} type {t} is wider than 62 bits (raw int64 arithmetic)")
+    return t
+
+
+def _check_spec(spec: MlpSpec) -> None:
+    if not isinstance(spec.n_features, int) or not 1 <= spec.n_features <= MAX_FEATURES:
+        raise ValueError(f"n_features must be 1..{MAX_FEATURES}, got {spec.n_features!r}")
+    if not isinstance(spec.reuse_factor, int) or spec.reuse_factor < 1:
+        raise ValueError(f"reuse_factor must be an int >= 1, got {spec.reuse_factor!r}")
+    if not spec.layers:
+        raise ValueError("an MLP needs at least one layer")
+    prev = FixedType.parse(spec.input_type)
+    width = spec.n_features
+    names = set()
+    for layer in spec.layers:
+        if layer.name in names or not layer.name.isidentifier():
+            raise ValueError(f"layer name {layer.name!r} must be a unique identifier")
+        names.add(layer.name)
+        if layer.op not in OPS:
+            raise ValueError(f"layer {layer.name!r}: op {layer.op!r} unsupported; supported: {', '.join(OPS)}")
+        if layer.n_in != width:
+            raise ValueError(f"layer {layer.name!r}: n_in={layer.n_in} but the previous layer gives {width}")
+        if layer.op != "dense" and layer.n_out != layer.n_in:
+            raise ValueError(f"layer {layer.name!r} ({layer.op}): n_out must equal n_in")
+        if layer.n_out < 1:
+            raise ValueError(f"layer {layer.name!r}: n_out must be >= 1")
+        res = _type(layer, "result")
+        if layer.op == "dense":
+            wt = _type(layer, "weight")
+            _type(layer, "accum")
+            if layer.use_bias:
+                _type(layer, "bias")
+            if mul_type(prev, wt).width > 62:
+                raise ValueError(f"layer {layer.name!r}: input {prev} x weight {wt} is wider than 62 bits")
+        elif layer.op == "batchnorm":
+            st = _type(layer, "scale")
+            _type(layer, "bias")
+            if mul_type(prev, st).width > 61:
+                raise ValueError(f"layer {layer.name!r}: input {prev} x scale {st} is wider than 61 bits")
+        elif layer.op == "leaky_relu":
+            pt = _type(layer, "param")
+            if layer.alpha is None or not np.isfinite(layer.alpha):
+                raise ValueError(f"layer {layer.name!r}: leaky_relu needs a finite alpha")
+            if mul_type(prev, pt).width > 62:
+                raise ValueError(f"layer {layer.name!r}: input {prev} x param {pt} is wider than 62 bits")
+        elif layer.op in ("sigmoid", "tanh"):
+            _type(layer, "table")
+            n = layer.table_size
+            if not isinstance(n, int) or not 2 <= n <= (1 << 16):
+                raise ValueError(f"layer {layer.name!r}: table_size must be an int in 2..65536, got {n!r}")
+            if prev.width + n.bit_length() > 62:
+                raise ValueError(f"layer {layer.name!r}: input type {prev} too wide for the table index")
+        prev = res
+        width = layer.n_out
+    shapes = spec.tensor_shapes()
+    types = spec.tensor_types()
+    got = dict(spec.constants)
+    if set(got) != set(shapes):
+        raise ValueError(f"constants must be exactly {sorted(shapes)}, got {sorted(got)}")
+    for name, shape in shapes.items():
+        if len(got[name]) != int(np.prod(shape)):
+            raise ValueError(f"constant {name!r} must hold {int(np.prod(shape))} values for shape {list(shape)}, got {len(got[name])}")
+        FixedType.parse(types[name]).check_raw(np.asarray(got[name], dtype=np.int64), name)
+
+
+# -- the kind ------------------------------------------------------------------------------------
+def validate(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
+    """Check ``inputs["x"]`` (float [B, n_features], finite) and the resident tensors.
+
+    Raises ``KeyError`` for a missing input, ``TypeError`` for a wrong dtype, ``ValueError`` for a
+    wrong shape or a NaN / infinite feature (naming the first such row and column).
+    """
+    if "x" not in inputs:
+        raise KeyError(f"mlp input 'x' missing; got {sorted(inputs)}")
+    x = np.asarray(inputs["x"])
+    if x.dtype.kind != "f":
+        raise TypeError(f"mlp input 'x' must be floating point (float32/float64), got dtype {x.dtype}")
+    if x.ndim != 2 or x.shape[1] != spec.n_features:
+        raise ValueError(f"mlp input 'x' must have shape [batch, {spec.n_features}], got {list(x.shape)}")
+    if x.shape[0] > MAX_BATCH:
+        raise ValueError(f"mlp input 'x': batch {x.shape[0]} exceeds the limit {MAX_BATCH}")
+    bad = ~np.isfinite(x)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise ValueError(f"mlp input 'x' row {int(r)} column {int(c)} is {x[r, c]!r}: features must be finite")
+    for name, shape in spec.tensor_shapes().items():
+        if name not in tensors:
+            raise KeyError(f"mlp resident tensor {name!r} missing")
+        a = np.asarray(tensors[name])
+        if tuple(a.shape) != shape:
+            raise ValueError(f"mlp resident tensor {name!r} must have shape {list(shape)}, got {list(a.shape)}")
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
+
+
+def check_tensors(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> None:
+    """Validate resident tensors fully (shapes, dtypes and raw ranges of their types)."""
+    types = spec.tensor_types()
+    for name, shape in spec.tensor_shapes().items():
+        if name not in tensors:
+            raise KeyError(f"mlp resident tensor {name!r} missing")
+        FixedType.parse(types[name]).check_raw(np.asarray(tensors[name]), name)
+
+
+def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``{"y": float64 [B, n_out]}``: the exact fixed-point outputs (validated inputs assumed)."""
+    x = np.asarray(inputs["x"], dtype=np.float64)
+    return {"y": simulate(spec.input_type, spec.layers, tensors, x)}
+
+
+KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference))
