@@ -1,1 +1,3 @@
 """PyTorch modules whose forward runs on the active offload device."""
+
+from offload.nn.embedding import Embedding, EmbeddingBag, TableBatchedEmbeddingBags  # noqa: E402,F401

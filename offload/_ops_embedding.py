@@ -1,0 +1,93 @@
+"""torch.library ops for resident embedding kernels.
+
+``torch.ops.offload.embedding_lookup(rid, indices, offsets, per_sample_weights, dtype)`` runs a
+one-table kernel, ``torch.ops.offload.embedding_lookup_tbe(...)`` a table-batched one (T tables,
+``offsets`` of length ``T*B+1``, result ``B x sum(dims)``). ``rid`` is the resident kernel id from
+:func:`offload._runtime.make_resident`; the kernel's spec fixes mode, formats and padding.
+
+Registered with ``torch.library.Library`` + ``impl`` (CompositeExplicitAutograd, so indices on
+any device dispatch here) and ``register_fake``: measured cheaper per call than
+``torch.library.custom_op`` (see BENCHMARKS.md, "Embedding"), with the same properties (opcheck,
+no graph break under ``torch.compile(fullgraph=True)``, a node under ``torch.export``).
+
+Example::
+
+    y = torch.ops.offload.embedding_lookup(rid, idx, off, None, torch.float32)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from offload._runtime import get_resident
+
+__all__ = ["lookup_numpy"]
+
+_SCHEMA = "(int rid, Tensor indices, Tensor offsets, Tensor? per_sample_weights, ScalarType dtype) -> Tensor"
+_lib = torch.library.Library("offload", "FRAGMENT")
+_lib.define("embedding_lookup" + _SCHEMA)
+_lib.define("embedding_lookup_tbe" + _SCHEMA)
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.contiguous().numpy()
+
+
+def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None) -> np.ndarray:
+    """Run the resident kernel on host arrays; returns the float64 pooled rows ``B x total_dim``.
+
+    ``per_sample_weights`` are floats, quantized here to the kernel's ``weight_type``.
+    """
+    res = get_resident(rid)
+    spec = res.kernel.spec
+    acc, out_t, wt = spec.types()
+    inputs = {"indices": indices, "offsets": offsets}
+    if per_sample_weights is not None:
+        if per_sample_weights.dtype.kind != "f":
+            raise TypeError(f"per_sample_weights: must be floating point, got {per_sample_weights.dtype}")
+        inputs["per_sample_weights"] = np.asarray(wt.quantize(per_sample_weights.astype(np.float64, copy=False)), dtype=np.int64)
+    raw = res.device.run(res.handle, inputs)["out"]
+    return np.asarray(out_t.to_float(raw), dtype=np.float64)
+
+
+def _check(indices: torch.Tensor, offsets: torch.Tensor, psw: Optional[torch.Tensor]) -> None:
+    if indices.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"indices: dtype must be torch.int32 or torch.int64, got {indices.dtype}")
+    if offsets.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"offsets: dtype must be torch.int32 or torch.int64, got {offsets.dtype}")
+    if psw is not None and not psw.dtype.is_floating_point:
+        raise TypeError(f"per_sample_weights: dtype must be floating point, got {psw.dtype}")
+
+
+def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    _check(indices, offsets, per_sample_weights)
+    w = None if per_sample_weights is None else _host(per_sample_weights)
+    out = lookup_numpy(rid, _host(indices), _host(offsets), w)
+    y = torch.from_numpy(out).to(dtype)
+    return y if indices.device.type == "cpu" else y.to(indices.device)
+
+
+def _impl_single(rid, indices, offsets, per_sample_weights, dtype):
+    if get_resident(rid).kernel.spec.num_tables != 1:
+        raise ValueError("embedding_lookup: the kernel has several tables; use embedding_lookup_tbe")
+    return _impl(rid, indices, offsets, per_sample_weights, dtype)
+
+
+def _fake(rid, indices, offsets, per_sample_weights, dtype):
+    spec = get_resident(rid).kernel.spec
+    b = (offsets.shape[0] - 1) // spec.num_tables
+    return indices.new_empty((b, spec.total_dim), dtype=dtype)
+
+
+_lib.impl("embedding_lookup", _impl_single, "CompositeExplicitAutograd")
+_lib.impl("embedding_lookup_tbe", _impl, "CompositeExplicitAutograd")
+torch.library.register_fake("offload::embedding_lookup", _fake, lib=_lib)
+torch.library.register_fake("offload::embedding_lookup_tbe", _fake, lib=_lib)
