@@ -1,0 +1,145 @@
+"""Analytical latency and resource model of the offload kernels on an Alveo card (no torch).
+
+Card latency of one call = host->card transfers + kernel launch + kernel time + card->host transfer.
+
+- Embedding lookups (memory bound): each table sits in its own HBM pseudo channel / DDR channel
+  (tables are spread round-robin when there are more tables than channels). One AXI master per
+  table issues random row reads; by Little's law it sustains at most ``outstanding / latency``
+  reads a second, and never more than ``channel_bandwidth / row_bytes``.
+- MLPs (hls4ml *latency* strategy, ``io_parallel``): every layer fully unrolled over
+  ``n_in * n_out / reuse_factor`` multipliers; a layer's latency is ``reuse_factor - 1`` cycles of
+  multiplier reuse + the DSP pipeline + a ``ceil(log2 n_in)``-level adder tree + one cycle for the
+  activation; the network accepts a new sample every ``II = reuse_factor`` cycles (or slower when
+  the input row needs more than one 512-bit AXI beat).
+- hls4ml *resource* strategy convolutions with ``io_stream`` (used to validate against a real HLS
+  report): one input pixel every ``reuse_factor`` cycles plus the pipeline depth.
+
+All constants come from :mod:`offload._cards` (with their sources) or are the named assumptions
+below; nothing here is fitted to a synthesis report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from offload._cards import (
+    DDR_RANDOM_READ_LATENCY_S,
+    DDR4_CHANNEL_BPS,
+    HBM_RANDOM_READ_LATENCY_S,
+    KERNEL_LAUNCH_S,
+    M_AXI_OUTSTANDING_READS,
+    PCIE_TRANSFER_LATENCY_S,
+    Card,
+)
+
+__all__ = ["Prediction", "predict_lookup", "predict_mlp", "predict_conv_stream", "mlp_layer_cycles", "dsp_per_mult", "transfer_s"]
+
+# DSP48E2 (UltraScale+) multiplies 27 x 18 bits (UG579, "DSP48E2 slice"); DSP48E1 (7-series) 25 x 18 (UG479).
+DSP48E2_A, DSP48E2_B = 27, 18
+DSP48E1_A, DSP48E1_B = 25, 18
+# Pipeline registers HLS puts around a DSP multiply at 200-300 MHz (A/B input, M, P registers): 3.
+DSP_PIPELINE_CYCLES = 3
+# One cycle to register the activation (ReLU is a compare; table-lookup sigmoid/tanh are one BRAM read).
+ACTIVATION_CYCLES = 1
+# 512-bit m_axi data width (the widest HLS m_axi port; HBM AXI ports are 256-bit, DDR 512-bit).
+AXI_BYTES_PER_BEAT = 64
+# hls4ml's adder trees chain about one 2-input add level per cycle at 300 MHz for 32-bit accumulators.
+ADD_LEVELS_PER_CYCLE = 1
+# Rough LUT cost: one accum_bits-wide adder (accum_bits LUTs) per multiplier for the tree, and
+# a fixed ~200 LUTs of control per layer. Order-of-magnitude only (the report says so).
+CONTROL_LUTS_PER_LAYER = 200
+BRAM36_BITS = 36 * 1024
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted card latency (seconds) split in parts, and resources."""
+
+    transfer_s: float
+    launch_s: float
+    kernel_s: float
+    kernel_cycles: int = 0
+    resources: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_s(self) -> float:
+        return self.transfer_s + self.launch_s + self.kernel_s
+
+
+def transfer_s(card: Card, bytes_in: Sequence[int], bytes_out: Sequence[int]) -> float:
+    """Host<->card time: a fixed cost per buffer sync plus bytes over the effective PCIe bandwidth."""
+    n = len(bytes_in) + len(bytes_out)
+    return n * PCIE_TRANSFER_LATENCY_S + (sum(bytes_in) + sum(bytes_out)) / card.pcie_bps
+
+
+def dsp_per_mult(a_bits: int, b_bits: int, dsp_a: int = DSP48E2_A, dsp_b: int = DSP48E2_B) -> int:
+    """DSP slices for one ``a_bits x b_bits`` multiply: tiles of the DSP's multiplier (larger operand on the wide port)."""
+    a, b = max(a_bits, b_bits), min(a_bits, b_bits)
+    return math.ceil(a / dsp_a) * math.ceil(b / dsp_b)
+
+
+def predict_lookup(card: Card, lookups_per_table: Sequence[int], row_bytes: Sequence[int], batch: int,
+                   index_bytes: int = 4, out_bytes_per_value: int = 8, dims: Sequence[int] = (),
+                   table_bytes: int = 0, accum_bits: int = 48) -> Prediction:
+    """One table-batched lookup call: ``lookups_per_table[t]`` random rows of ``row_bytes[t]`` from table t."""
+    if card.hbm_channels:
+        channels, ch_bps, lat = card.hbm_channels, card.hbm_channel_bps, HBM_RANDOM_READ_LATENCY_S
+    else:
+        channels, ch_bps, lat = card.ddr_channels, DDR4_CHANNEL_BPS, DDR_RANDOM_READ_LATENCY_S
+    per_channel = [0.0] * channels
+    for t, (n, rb) in enumerate(zip(lookups_per_table, row_bytes)):
+        burst = math.ceil(rb / AXI_BYTES_PER_BEAT) * AXI_BYTES_PER_BEAT
+        per_read = max(lat / M_AXI_OUTSTANDING_READS, burst / ch_bps)
+        per_channel[t % channels] += n * per_read
+    kernel = max(per_channel) + lat  # the last read's latency is not hidden
+    dims = list(dims) or [rb // 2 for rb in row_bytes]
+    out_bytes = batch * sum(dims) * out_bytes_per_value
+    kernel += out_bytes / (AXI_BYTES_PER_BEAT * card.kernel_clock_hz)
+    n_idx = sum(lookups_per_table)
+    t_xfer = transfer_s(card, [n_idx * index_bytes, (len(lookups_per_table) * batch + 1) * index_bytes], [out_bytes])
+    # Pooling: one accum_bits adder per output lane of every table; tables live in HBM/DDR.
+    res = {"DSP": 0, "BRAM36": 0, "URAM": 0, "LUT": sum(dims) * accum_bits + CONTROL_LUTS_PER_LAYER * len(dims), "HBM_bytes": table_bytes}
+    return Prediction(t_xfer, KERNEL_LAUNCH_S, kernel, int(kernel * card.kernel_clock_hz), res)
+
+
+def mlp_layer_cycles(n_in: int, reuse_factor: int) -> int:
+    """Latency of one hls4ml latency-strategy dense layer (+ activation) in cycles."""
+    tree = math.ceil(math.log2(max(n_in, 2)) / ADD_LEVELS_PER_CYCLE)
+    return (reuse_factor - 1) + DSP_PIPELINE_CYCLES + tree + ACTIVATION_CYCLES
+
+
+def predict_mlp(card: Card, sizes: Sequence[int], batch: int, reuse_factor: int = 1, weight_bits: int = 16,
+                data_bits: int = 16, accum_bits: int = 32, in_bytes_per_value: int = 4, out_bytes_per_value: int = 8) -> Prediction:
+    """An MLP with layer widths ``sizes`` (``[n_in, h1, ..., n_out]``) over ``batch`` samples."""
+    if len(sizes) < 2:
+        raise ValueError(f"sizes: need at least [n_in, n_out], got {list(sizes)}")
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    latency = sum(mlp_layer_cycles(i, reuse_factor) for i, _ in layers)
+    beats_in = math.ceil(sizes[0] * in_bytes_per_value / AXI_BYTES_PER_BEAT)
+    ii = max(reuse_factor, beats_in)
+    cycles = latency + (batch - 1) * ii + beats_in
+    mults = sum(math.ceil(i * o / reuse_factor) for i, o in layers)
+    weights = sum(i * o for i, o in layers)
+    dsp = mults * dsp_per_mult(weight_bits, data_bits)
+    # reuse 1: weights are constants folded into the multipliers; reuse > 1: each multiplier reads
+    # its reuse_factor weights from a memory (hls4ml partitions the weight array by n_in*n_out/R).
+    bram = 0 if reuse_factor == 1 else math.ceil(weights * weight_bits / BRAM36_BITS)
+    lut = mults * accum_bits + CONTROL_LUTS_PER_LAYER * len(layers)
+    t_xfer = transfer_s(card, [batch * sizes[0] * in_bytes_per_value], [batch * sizes[-1] * out_bytes_per_value])
+    res = {"DSP": dsp, "BRAM36": bram, "URAM": 0, "LUT": lut, "HBM_bytes": 0}
+    return Prediction(t_xfer, KERNEL_LAUNCH_S, cycles / card.kernel_clock_hz, cycles, res)
+
+
+def predict_conv_stream(in_pixels: int, n_chan: int, n_filt: int, kernel: int, reuse_factor: int,
+                        weight_bits: int, data_bits: int, dsp_a: int = DSP48E2_A, dsp_b: int = DSP48E2_B) -> tuple[int, int]:
+    """(cycles, DSPs) of an hls4ml resource-strategy ``io_stream`` convolution (line-buffer implementation).
+
+    Each padded input pixel is read once; an output pixel costs the ``reuse_factor`` cycles of the
+    multiplier reuse loop plus the DSP pipeline and an accumulate, so the worst case (every pixel
+    produces an output) is ``in_pixels * (reuse_factor + DSP_PIPELINE_CYCLES + 2)``.
+    """
+    cycles = in_pixels * (reuse_factor + DSP_PIPELINE_CYCLES + 2)
+    mults = math.ceil(n_chan * kernel * n_filt / reuse_factor)
+    return cycles, mults * dsp_per_mult(weight_bits, data_bits, dsp_a, dsp_b)

@@ -1,0 +1,293 @@
+"""``offload.advise``: should each embedding table / MLP of a model go to the card, and at which batch sizes?
+
+For every offload candidate (found as ``offload.offload`` finds them) and every batch size: the
+measured latency on the candidate's current device (torch, median of repeats, inputs resampled from
+what the candidate saw on ``example_inputs``), the predicted card latency (PCIe transfers + XRT
+launch + an analytical kernel model, :mod:`offload._advisor_model`) and the predicted resources
+against the card's budget (:mod:`offload._cards`, datasheet numbers). Verdict: ``offload`` when it
+fits and the card is faster, else ``keep``, with the numbers.
+
+Example::
+
+    adv = offload.advise(model, (idx, off, dense), batch_sizes=(1, 64, 4096), card="u55c")
+    print(adv)                               # table: host vs card latency, resources, verdict
+    adv.verdict("emb_user", 4096)            # "offload" / "keep"
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from offload._advisor_model import Prediction, predict_lookup, predict_mlp
+from offload._cards import Card, get_card
+from offload._partition_build import table_bytes
+from offload._partition_find import OPS, Candidate, find_candidates, trace
+
+__all__ = ["advise", "Advice", "Estimate"]
+
+_RES_KEYS = ("DSP", "BRAM36", "URAM", "LUT", "HBM_bytes")
+
+
+@dataclass
+class Estimate:
+    """One candidate at one batch size."""
+
+    name: str
+    kind: str
+    shape: str
+    batch: int
+    host_device: str
+    host_s: float
+    transfer_s: float
+    launch_s: float
+    kernel_s: float
+    resources: dict[str, float]
+    fits: bool
+    verdict: str
+    why: str
+
+    @property
+    def card_s(self) -> float:
+        return self.transfer_s + self.launch_s + self.kernel_s
+
+    @property
+    def speedup(self) -> float:
+        return self.host_s / self.card_s if self.card_s > 0 else float("inf")
+
+
+@dataclass
+class Advice:
+    """Estimates for every candidate and batch size, against one card."""
+
+    card: Card
+    batch_sizes: tuple[int, ...]
+    rows: list[Estimate] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def verdict(self, name: str, batch: int) -> str:
+        for r in self.rows:
+            if r.name == name and r.batch == batch:
+                return r.verdict
+        raise KeyError(f"no estimate for {name!r} at batch {batch}; names: {sorted({r.name for r in self.rows})}")
+
+    def to_dict(self) -> dict:
+        return {"card": asdict(self.card), "batch_sizes": list(self.batch_sizes), "notes": list(self.notes),
+                "rows": [dict(asdict(r), card_s=r.card_s, speedup=r.speedup) for r in self.rows]}
+
+    def table(self):
+        from rich.table import Table
+
+        c = self.card
+        t = Table(title=f"offload advise: card {c.name} ({c.datasheet}: {c.dsp} DSP, {c.bram36} BRAM36, {c.uram} URAM, "
+                        f"{c.lut // 1000}K LUT, {c.memory_bytes / 2**30:.0f} GiB)")
+        for col in ("candidate", "shape", "batch", "host", "card = xfer+launch+kernel", "DSP", "BRAM36", "LUT", "card mem", "verdict"):
+            t.add_column(col, overflow="fold")
+        for r in self.rows:
+            res = r.resources
+            t.add_row(r.name, r.shape, str(r.batch), f"{_us(r.host_s)} ({r.host_device})",
+                      f"{_us(r.card_s)} = {_us(r.transfer_s)}+{_us(r.launch_s)}+{_us(r.kernel_s)}",
+                      f"{res['DSP']:.0f}", f"{res['BRAM36']:.0f}", f"{res['LUT']:.0f}", f"{res['HBM_bytes'] / 2**20:.1f} MiB",
+                      f"{r.verdict}: {r.why}")
+        return t
+
+    def __str__(self) -> str:
+        from rich.console import Console
+
+        buf = io.StringIO()
+        con = Console(file=buf, width=160, no_color=True, color_system=None)
+        con.print(self.table())
+        for n in self.notes:
+            con.print(f"note: {n}")
+        return buf.getvalue()
+
+
+def _us(s: float) -> str:
+    return f"{s * 1e6:.0f} us" if s < 1e-2 else f"{s * 1e3:.1f} ms"
+
+
+def _fmt_bits(fmt: str) -> int:
+    if fmt == "int8_rowwise":
+        return 8
+    m = re.match(r"\s*ap_u?(?:fixed|int)<\s*(\d+)", fmt)
+    if m is None:
+        raise ValueError(f"fmt {fmt!r}: expected 'ap_fixed<W,I>', 'ap_int<W>' or 'int8_rowwise'")
+    return int(m.group(1))
+
+
+class _InputRecorder(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule, firsts: dict[str, Candidate]):
+        super().__init__(gm)
+        self.firsts = firsts
+        self.inputs: dict[str, tuple[tuple, dict]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.name in self.firsts:
+            self.inputs[n.name] = self.fetch_args_kwargs_from_env(n)
+        return super().run_node(n)
+
+
+def _device_of(m: nn.Module) -> torch.device:
+    p = next(iter(m.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _median_time(fn: Callable[[], Any], dev: torch.device, repeats: int, budget_s: float) -> float:
+    """Median wall time of ``fn`` over up to ``repeats`` runs (at least 3, stopping after ``budget_s``)."""
+    with torch.inference_mode():
+        for _ in range(2):
+            fn()
+        _sync(dev)
+        times: list[float] = []
+        start = time.perf_counter()
+        while len(times) < repeats and (len(times) < 3 or time.perf_counter() - start < budget_s):
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _bag_inputs(c: Candidate, args: tuple, batch: int, gen: torch.Generator) -> tuple[Callable[[], Any], int, int]:
+    """A call of the float bag on ``batch`` bags resampled from the recorded ones; (call, lookups, pooling)."""
+    if c.functional:
+        inp, off = args[0], args[2] if len(args) > 2 else None
+    else:
+        inp, off = args[0], args[1] if len(args) > 1 else None
+    m = c.module
+    if inp.dim() == 2:
+        rows = torch.randint(inp.shape[0], (batch,), generator=gen).to(inp.device)
+        x = inp[rows]
+        return (lambda: m(x)), x.numel(), inp.shape[1]
+    pool = max(1, round(inp.numel() / max(1, off.numel())))
+    pick = torch.randint(inp.numel(), (batch * pool,), generator=gen).to(inp.device)
+    x = inp[pick]
+    o = torch.arange(0, batch * pool, pool, device=inp.device, dtype=off.dtype)
+    return (lambda: m(x, o)), x.numel(), pool
+
+
+def _rows(x: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
+    return x[torch.randint(x.shape[0], (batch,), generator=gen).to(x.device)]
+
+
+def _estimate(c: Candidate, args: tuple, batch: int, card: Card, fmt: str, reuse_factor: int,
+              repeats: int, budget_s: float, gen: torch.Generator) -> tuple[float, Prediction, str]:
+    m = c.module
+    dev = _device_of(m) if not c.functional else m.weight.device
+    if c.kind == "embedding_bag":
+        call, lookups, _ = _bag_inputs(c, args, batch, gen)
+        dim = m.embedding_dim
+        row = max(1, dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0)
+        pred = predict_lookup(card, [lookups], [row], batch, dims=[dim], table_bytes=table_bytes(m.num_embeddings, dim, fmt))
+    elif c.kind == "embedding":
+        x = _rows(args[0], batch, gen)
+        call = lambda: m(x)  # noqa: E731
+        dim = m.embedding_dim
+        row = max(1, dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0)
+        pred = predict_lookup(card, [x.numel()], [row], x.numel(), dims=[dim], table_bytes=table_bytes(m.num_embeddings, dim, fmt))
+    else:
+        x = _rows(args[0], batch, gen)
+        call = lambda: m(x)  # noqa: E731
+        lin = [l for l in m if isinstance(l, nn.Linear)]
+        sizes = [lin[0].in_features] + [l.out_features for l in lin]
+        pred = predict_mlp(card, sizes, batch, reuse_factor=reuse_factor)
+    host = _median_time(call, dev, repeats, budget_s)
+    return host, pred, str(dev)
+
+
+def _fits(card: Card, res: dict[str, float]) -> tuple[bool, str]:
+    over = []
+    for key, cap in (("DSP", card.dsp), ("BRAM36", card.bram36), ("URAM", card.uram), ("LUT", card.lut), ("HBM_bytes", card.memory_bytes)):
+        if res.get(key, 0) > cap:
+            over.append(f"{key} {res[key]:.0f} > {cap}")
+    return not over, "; ".join(over)
+
+
+def _row(name: str, kind: str, shape: str, batch: int, dev: str, host: float, pred: Prediction, card: Card) -> Estimate:
+    ok, over = _fits(card, pred.resources)
+    card_s = pred.total_s
+    if not ok:
+        verdict, why = "keep", f"does not fit {card.name}: {over}"
+    elif card_s < host:
+        verdict, why = "offload", f"card {_us(card_s)} < host {_us(host)} ({host / card_s:.1f}x)"
+    else:
+        verdict, why = "keep", f"host {_us(host)} <= card {_us(card_s)} ({card_s / host:.1f}x slower on the card)"
+    return Estimate(name, kind, shape, batch, dev, host, pred.transfer_s, pred.launch_s, pred.kernel_s,
+                    {k: float(pred.resources.get(k, 0)) for k in _RES_KEYS}, ok, verdict, why)
+
+
+def advise(
+    model: nn.Module,
+    example_inputs: Any,
+    batch_sizes: Sequence[int] = (1, 64, 4096),
+    card: str | Card = "u55c",
+    ops: Sequence[str] = OPS,
+    fmt: str = "ap_fixed<16,6>",
+    reuse_factor: int = 1,
+    repeats: int = 15,
+    budget_s: float = 0.25,
+    seed: int = 0,
+) -> Advice:
+    """Measure each candidate on its device and predict it on ``card`` at every batch size.
+
+    ``example_inputs`` are the forward's positional args; each candidate's inputs at batch size B
+    are resampled (with replacement) from what it receives on them. Returns an :class:`Advice`.
+
+    Example::
+
+        print(offload.advise(model, (idx, off, dense), batch_sizes=(1, 4096), card="u280"))
+    """
+    cardv = get_card(card)
+    sizes = tuple(int(b) for b in batch_sizes)
+    if not sizes or any(b < 1 for b in sizes):
+        raise ValueError(f"batch_sizes: expected positive integers, got {list(batch_sizes)}")
+    _fmt_bits(fmt)
+    advice = Advice(cardv, sizes)
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    try:
+        gm = trace(model)
+    except Exception as e:  # noqa: BLE001 - FX raises many types
+        advice.notes.append(f"model not traceable by torch.fx ({type(e).__name__}): nothing to advise")
+        return advice
+    cands, skipped = find_candidates(gm, tuple(ops))
+    for s in skipped:
+        advice.notes.append(f"{s.node.name}: {s.reason}")
+    rec = _InputRecorder(gm, {c.first.name: c for c in cands})
+    with torch.inference_mode():
+        rec.run(*args)
+    gen = torch.Generator().manual_seed(seed)
+    bags = [c for c in cands if c.kind == "embedding_bag" and c.first.name in rec.inputs]
+    for b in sizes:
+        host_bags, lookups, rows, dims, tbytes = 0.0, [], [], [], 0
+        for c in cands:
+            if c.first.name not in rec.inputs:
+                continue
+            a, _ = rec.inputs[c.first.name]
+            host, pred, dev = _estimate(c, a, b, cardv, fmt, reuse_factor, repeats, budget_s, gen)
+            advice.rows.append(_row(c.name, c.kind, c.describe(), b, dev, host, pred, cardv))
+            if c in bags:
+                host_bags += host
+                _, n, _ = _bag_inputs(c, a, b, gen)
+                lookups.append(n)
+                dims.append(c.module.embedding_dim)
+                rows.append(max(1, c.module.embedding_dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0))
+                tbytes += table_bytes(c.module.num_embeddings, c.module.embedding_dim, fmt)
+        if len(bags) > 1:
+            # All bag tables in one table-batched call (what offload.offload builds): one launch,
+            # tables in parallel channels; the host runs them one after the other.
+            pred = predict_lookup(cardv, lookups, rows, b, dims=dims, table_bytes=tbytes)
+            advice.rows.append(_row(f"all {len(bags)} tables (batched)", "embedding_bag", f"{len(bags)} tables", b, "sum of above", host_bags, pred, cardv))
+    return advice
