@@ -19,6 +19,17 @@ def demo() -> None:
     run_demo()
 
 
+from offload._cli_regress import regress as _regress  # noqa: E402
+
+main.add_command(_regress)
+
+from offload.serve._cli import bench_cmd as _bench_cmd, example_cmd as _example_cmd, serve_cmd as _serve_cmd  # noqa: E402
+
+main.add_command(_serve_cmd)
+main.add_command(_bench_cmd)
+main.add_command(_example_cmd)
+
+
 from offload._cli_build import build_cmd as _build_cmd, devices_cmd as _devices_cmd, info_cmd as _info_cmd  # noqa: E402
 
 main.add_command(_build_cmd)
