@@ -126,8 +126,8 @@ def save(obj: Any, path: str | os.PathLike, *, name: str | None = None, meta: Ma
     sees half a bundle. An existing bundle at ``path`` is replaced; any other non-empty directory
     is refused.
     """
-    b = _as_bundle(obj, name, meta)
     dest = Path(path)
+    b = _as_bundle(obj, name or (None if hasattr(obj, "offload_kernels") else dest.stem), meta)
     if dest.exists() and not (dest / MANIFEST).is_file() and (not dest.is_dir() or any(dest.iterdir())):
         raise FileExistsError(f"save: {dest} exists and is not an offload bundle; refusing to overwrite it")
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,7 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
     offload build model.offload --target u55c --out build/u55c
     offload build model.offload --target u55c --out build/u55c --vitis
     """
+    from rich.markup import escape
     from rich.table import Table
 
     from offload.hls import build as hb
@@ -55,7 +56,7 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
     con = _console()
     b = _load_bundle(bundle)
     project = hb.write_project(b, target, out, platform=platform, compute_units=cus)
-    con.print(f"[bold]Vitis project[/] for [cyan]{b.name}[/] on {project.card.name} ({project.platform}): {project.root}")
+    con.print(f"[bold]Vitis project[/] for [cyan]{escape(b.name)}[/] on {project.card.name} ({project.platform}): {escape(str(project.root))}", soft_wrap=True)
 
     with con.status("C-simulating kernels against the reference (g++)..."):
         try:
@@ -92,23 +93,24 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
             res = r.get("resources", {}) or {}
             rt.add_row(top, str(r.get("latency_max", "")), str(r.get("interval_min", "")), *(str(res.get(k, "")) for k in ("LUT", "FF", "DSP", "BRAM_18K", "URAM")))
         con.print(rt)
-    con.print(f"[green]xclbin[/] {xclbin}")
+    con.print(f"[green]xclbin[/] {escape(str(xclbin))}", soft_wrap=True)
     if vitis_target == "hw":
         from offload.host.bundle import record_xclbin
 
         nb = record_xclbin(bundle, xclbin, target=project.card.name, platform=project.platform, compute_units=project.compute_units)
-        con.print(f"recorded in bundle {bundle}: UUID {nb.xclbin_uuid}")
+        con.print(f"recorded in bundle {bundle}: UUID {nb.xclbin_uuid}", markup=False, soft_wrap=True)
     else:
-        con.print(f"{vitis_target} xclbin: run with XCL_EMULATION_MODE={vitis_target} after `make emconfig` (not recorded in the bundle)")
+        con.print(f"{vitis_target} xclbin: run with XCL_EMULATION_MODE={vitis_target} after `make emconfig` (not recorded in the bundle)", markup=False, soft_wrap=True)
 
 
 def _print_left(con, project, steps, vitis_target: str, why: str) -> None:
-    con.print(f"\n[yellow]{why}[/] Steps left, to run on a machine with Vitis and the platform installed:")
-    con.print(f"  cd {project.root} && make {vitis_target}", markup=False)
+    # soft_wrap: commands are printed whole, to be copied as they are.
+    con.print(f"\n[yellow]{why}[/] Steps left, to run on a machine with Vitis and the platform installed:", soft_wrap=True)
+    con.print(f"  cd {project.root} && make {vitis_target}", markup=False, soft_wrap=True)
     con.print("which runs:")
     for s in steps:
-        con.print(f"  {s.command}", markup=False)
-    con.print(f"then record the xclbin: offload build BUNDLE --target {project.card.name} --out {project.root} --vitis", markup=False)
+        con.print(f"  {s.command}", markup=False, soft_wrap=True)
+    con.print(f"then record the xclbin: offload build BUNDLE --target {project.card.name} --out {project.root} --vitis", markup=False, soft_wrap=True)
 
 
 def _run_steps(con, hb, project, vitis_target: str) -> Path:
@@ -201,9 +203,9 @@ def info_cmd(bundle: str, as_json: bool) -> None:
     con.print(t)
     if b.xclbin is not None:
         cus = "; ".join(f"{top}: {len(v)} CU" for top, v in b.compute_units.items()) or "-"
-        con.print(f"xclbin {b.xclbin}  UUID {b.xclbin_uuid}  target {b.target} ({b.platform})  {cus}", markup=False)
+        con.print(f"xclbin {b.xclbin}  UUID {b.xclbin_uuid}  target {b.target} ({b.platform})  {cus}", markup=False, soft_wrap=True)
     else:
-        con.print("no xclbin: runs on sim and emu; build one with `offload build BUNDLE --target CARD --out DIR --vitis`", markup=False)
+        con.print("no xclbin: runs on sim and emu; build one with `offload build BUNDLE --target CARD --out DIR --vitis`", markup=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------------------- devices

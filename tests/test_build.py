@@ -1,0 +1,218 @@
+"""offload build: the Vitis project it writes, the golden C-simulation, and running (fake) v++."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import uuid
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from _host_util import sa
+from offload.cli import main
+from offload.hls import build as hb
+from offload.hls.registry import HlsKind, get_hls_kind, register_hls_kind
+from offload.host.bundle import Bundle, load, save
+from offload.kernels.registry import KernelKind, get_kind, register_kind
+
+hb.register_input_generator(sa.KIND, lambda spec, rng, case: sa.make_inputs(spec.n, 3 + case, int(rng.integers(1 << 30))))
+
+# A deliberately wrong kernel: its C++ adds 1 to column 3 of every row. The C-simulation must see it.
+BROKEN = "test_scale_add_broken"
+
+
+def _register_broken() -> None:
+    try:
+        get_kind(BROKEN)
+        return
+    except KeyError:
+        pass
+    good, hgood = get_kind(sa.KIND), get_hls_kind(sa.KIND)
+    register_kind(replace(good, name=BROKEN, spec_from_json=lambda d: sa.ScaleAddSpec(int(d["n"]), int(d["scale"]), kind=BROKEN)))
+
+    def sources(spec):
+        (name, text), = hgood.sources(spec).items()
+        return {name.replace("test_scale_add", BROKEN): text.replace("test_scale_add", BROKEN).replace("(uint32_t)bias[i])", "(uint32_t)bias[i] + (i == 3 ? 1u : 0u))")}
+
+    register_hls_kind(replace(hgood, name=BROKEN, top_name=lambda spec: hgood.top_name(spec).replace("test_scale_add", BROKEN), sources=sources))
+    hb.register_input_generator(BROKEN, lambda spec, rng, case: sa.make_inputs(spec.n, 3 + case, case))
+
+
+def _embedding_kernel():
+    from offload.kernels.catalogue import entries
+
+    return entries("emb/sum/ap_fixed16_6/d16/bag20/t1")[0].build().kernel
+
+
+@pytest.fixture
+def bundle_dir(tmp_path):
+    ks = [sa.make_kernel("a", n=8, scale=3), sa.make_kernel("b", n=8, scale=3, seed=9), sa.make_kernel("c", n=4, scale=5)]
+    return save(ks, tmp_path / "m.offload", meta={"model": "t"})
+
+
+def test_project_layout_makefile_and_connectivity(bundle_dir, tmp_path):
+    b = load(bundle_dir)
+    proj = hb.write_project(b, "u55c", tmp_path / "prj", compute_units=2)
+    root = proj.root
+    tops = sorted(pk.top for pk in proj.kernels)
+    # a and b share one top function (same spec); c has its own.
+    assert tops == ["test_scale_add_n4_s5", "test_scale_add_n8_s3"]
+    for top in tops:
+        spec = next(k.spec for k in b.kernels.values() if get_hls_kind(k.kind).top_name(k.spec) == top)
+        for name, text in get_hls_kind(sa.KIND).sources(spec).items():
+            assert (root / "src" / top / name).read_text() == text
+    mk = (root / "Makefile").read_text()
+    assert re.search(r"^hw hw_emu sw_emu:", mk, re.M)
+    assert "PLATFORM ?= xilinx_u55c_gen3x16_xdma_3_202210_1" in mk
+    for top in tops:
+        assert f"-k {top} " in mk and f"$(OUT)/{top}.xo:" in mk
+    assert "$(VPP) -l $(VPP_COMMON) --config connectivity.cfg -o $@ $(XOS)" in mk
+    cfg = (root / "connectivity.cfg").read_text().splitlines()
+    assert "[connectivity]" in cfg
+    for top in tops:
+        assert f"nk={top}:2:{top}_1.{top}_2" in cfg
+    sp = [ln[3:] for ln in cfg if ln.startswith("sp=")]
+    # Every pointer argument of every CU is placed; arguments sharing an m_axi bundle share a bank,
+    # distinct (CU, bundle) pairs get distinct HBM pseudo-channels (8 pairs <= 32 channels).
+    assert len(sp) == 2 * 2 * 3
+    banks = {}
+    for line in sp:
+        cuarg, bank = line.split(":")
+        cu, arg = cuarg.split(".")
+        bundle = {"bias": "gmem0", "x": "gmem1", "y": "gmem1"}[arg]
+        banks.setdefault((cu, bundle), set()).add(bank)
+    assert all(len(v) == 1 for v in banks.values())
+    assert len({next(iter(v)) for v in banks.values()}) == len(banks)
+    assert sum(ln.startswith("slr=") for ln in cfg) == 4
+    readme = (root / "README.md").read_text()
+    assert "make hw" in readme and "v++ -l" in readme
+    assert (root / "include" / "nnet_utils").is_dir()
+    meta = json.loads((root / "project.json").read_text())
+    assert meta["platform"] == proj.platform and set(meta["steps"]) == {"sw_emu", "hw_emu", "hw"}
+
+
+def test_ddr_card_keeps_cus_next_to_their_bank(bundle_dir, tmp_path):
+    proj = hb.write_project(load(bundle_dir), "u250", tmp_path / "prj", compute_units=3)
+    for pk in proj.kernels:
+        for cu in pk.compute_units:
+            slr = int(pk.slr[cu][3:])
+            assert set(pk.banks[cu].values()) == {f"DDR[{slr}]"}
+    with pytest.raises(ValueError, match="unknown card 'u9'"):
+        hb.write_project(load(bundle_dir), "u9", tmp_path / "x")
+
+
+def test_golden_check_passes_real_and_test_kernels():
+    b = Bundle("m", {"sa": sa.make_kernel(n=8, scale=3), "emb": _embedding_kernel()})
+    res = hb.golden_check(b, cases=3)
+    assert [r.kernel for r in res] == ["sa", "emb"]
+    for r in res:
+        assert r.mismatches == 0 and r.compared > 0, r
+
+
+def test_golden_check_catches_a_wrong_kernel():
+    _register_broken()
+    k = sa.make_kernel(n=8, scale=3)
+    broken = replace(k, spec=sa.ScaleAddSpec(8, 3, kind=BROKEN))
+    (r,) = hb.golden_check(Bundle("m", {"bad": broken}), cases=3)
+    assert r.mismatches == 3 + 4 + 5  # one wrong element per row; batches of 3, 4, 5 rows
+    assert r.first.startswith("case 0: y[0, 3]")
+
+
+def _no_vpp_path() -> str:
+    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not os.path.exists(os.path.join(d, "v++")))
+
+
+def test_cli_build_without_vitis_lists_the_steps_left(bundle_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", _no_vpp_path())
+    out = tmp_path / "prj"
+    r = CliRunner().invoke(main, ["build", str(bundle_dir), "--target", "u280", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "Not run (no --vitis)" in r.output and f"cd {out} && make hw" in r.output
+    assert "v++ -l -t hw --platform xilinx_u280_gen3x16_xdma_1_202211_1" in r.output
+    assert (out / "Makefile").is_file()
+    r = CliRunner().invoke(main, ["build", str(bundle_dir), "--target", "u280", "--out", str(out), "--vitis"])
+    assert r.exit_code == 1
+    assert "v++ not found on PATH" in r.output and "v++ -c -t hw" in r.output
+
+
+def test_cli_build_refuses_a_kernel_that_misses_its_reference(tmp_path):
+    _register_broken()
+    k = sa.make_kernel(n=8, scale=3)
+    p = save([replace(k, spec=sa.ScaleAddSpec(8, 3, kind=BROKEN))], tmp_path / "bad")
+    r = CliRunner().invoke(main, ["build", str(p), "--target", "u55c", "--out", str(tmp_path / "prj")])
+    assert r.exit_code == 1
+    assert "C-simulation mismatches: sa: 12 (case 0: y[0, 3]" in r.output
+
+
+_FAKE_VPP = r'''#!{python}
+"""Test stand-in for v++: writes its -o output; FAKE_VPP_FAIL=c|l makes that mode fail like v++ does."""
+import os, sys, uuid
+args = sys.argv[1:]
+out = args[args.index("-o") + 1]
+mode = "c" if "-c" in args else "l"
+print("INFO: [v++ 60-1548] Creating build summary session with primary output " + out, flush=True)
+if os.environ.get("FAKE_VPP_FAIL") == mode:
+    print("WARNING: [v++ 17-1525] a warning that is not the cause")
+    print("ERROR: [v++ 60-399] vivado run failed, please look at the run log file")
+    print("ERROR: [v++ 60-626] Kernel link failed to complete")
+    sys.exit(1)
+os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+if mode == "c":
+    open(out, "wb").write(b"PK fake xo")
+else:
+    head = bytearray(b"\xff" * 448)
+    head[:8] = b"xclbin2\0"
+    head[416:432] = uuid.UUID(os.environ["FAKE_VPP_UUID"]).bytes
+    open(out, "wb").write(bytes(head))
+'''
+
+
+@pytest.fixture
+def fake_vpp(tmp_path, monkeypatch):
+    d = tmp_path / "bin"
+    d.mkdir()
+    exe = d / "v++"
+    exe.write_text(_FAKE_VPP.replace("{python}", sys.executable))
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", str(d) + os.pathsep + _no_vpp_path())
+    monkeypatch.setitem(sys.modules, "pyxrt", None)  # the UUID comes from the axlf header
+    u = str(uuid.uuid4())
+    monkeypatch.setenv("FAKE_VPP_UUID", u)
+    assert shutil.which("v++") == str(exe)
+    return u
+
+
+def test_cli_build_vitis_failure_shows_the_tools_error_lines(bundle_dir, tmp_path, fake_vpp, monkeypatch):
+    monkeypatch.setenv("FAKE_VPP_FAIL", "l")
+    out = tmp_path / "prj"
+    r = CliRunner().invoke(main, ["build", str(bundle_dir), "--target", "u55c", "--out", str(out), "--vitis"])
+    assert r.exit_code == 1
+    assert "link failed (exit 1)" in r.output
+    assert "ERROR: [v++ 60-399] vivado run failed" in r.output and "ERROR: [v++ 60-626] Kernel link failed" in r.output
+    assert "a warning that is not the cause" not in r.output.split("link failed")[1]
+    log = out / "logs" / "hw" / "link.log"
+    assert str(log) in r.output.replace("\n", "") and "ERROR: [v++ 60-626]" in log.read_text()
+    assert load(bundle_dir).xclbin is None
+
+
+def test_cli_build_vitis_records_the_xclbin(bundle_dir, tmp_path, fake_vpp):
+    out = tmp_path / "prj"
+    r = CliRunner().invoke(main, ["build", str(bundle_dir), "--target", "u55c", "--out", str(out), "--vitis", "--cus", "2"])
+    assert r.exit_code == 0, r.output
+    b = load(bundle_dir)
+    assert b.xclbin is not None and b.xclbin.name == "offload.xclbin"
+    assert b.xclbin_uuid == fake_vpp and b.target == "u55c" and b.platform == "xilinx_u55c_gen3x16_xdma_3_202210_1"
+    assert b.compute_units["test_scale_add_n8_s3"] == ["test_scale_add_n8_s3_1", "test_scale_add_n8_s3_2"]
+    assert (out / "build" / "hw" / "test_scale_add_n4_s5.xo").is_file()
+    assert f"UUID {fake_vpp}" in r.output
+    # The recorded xclbin is checksummed like every other file of the bundle.
+    data = b.xclbin.read_bytes()
+    b.xclbin.write_bytes(data[:-1] + b"\0")
+    with pytest.raises(ValueError, match="offload.xclbin does not match its sha256"):
+        load(bundle_dir)
