@@ -171,7 +171,8 @@ def embedding_connectivity(
                 lines.append(f"sp={cu}.params{t}:{bank}")
         for arg in ("indices", "offsets", "per_sample_weights", "out"):
             lines.append(f"sp={cu}.{arg}:{p.kind}[{io_bank}]")
-        first = min(pl.first for pl in placed.values())
-        lines.append(f"slr={cu}:SLR{p.slr_of_bank[first]}")
+        # Next to the bank it reads most (on U250 each DDR bank hangs off its own SLR).
+        busiest = max(range(p.banks), key=lambda b: (load[b], -b))
+        lines.append(f"slr={cu}:SLR{p.slr_of_bank[busiest]}")
     lines.append(f"# io bundle {IO_BUNDLE} -> {p.kind}[{io_bank}]")
     return "\n".join(lines) + "\n"

@@ -223,6 +223,11 @@ def make_spec(
     weight_type: str = DEFAULT_WEIGHT_TYPE,
 ) -> EmbeddingSpec:
     """Build and check a spec; ``acc_type`` defaults to :func:`default_acc_type`, ``out_type`` to it."""
+    for t in tables:
+        if t.fmt == ROWWISE and not t.param_type:
+            raise ValueError(f"table {t.name!r}: int8_rowwise needs param_type (the scale/bias ap_fixed)")
+    if mode not in _sim.MODES:
+        raise ValueError(f"mode: must be one of {_sim.MODES}, got {mode!r}")
     tables = tuple(
         TableSpec(t.name, int(t.num_rows), int(t.dim), t.fmt if t.fmt == ROWWISE else _canon(t.fmt),
                   _canon(t.param_type) if t.param_type else None, t.padding_idx, t.bundle)
@@ -360,12 +365,15 @@ def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Map
         raise ValueError(f"offsets: length must be T*B+1 with T={T} tables, got {off.shape[0]}")
     if off[0] != 0:
         raise ValueError(f"offsets: must start at 0, got {int(off[0])}")
+    if off.size and int(off.max()) > n:
+        p = int(np.argmax(off > n))
+        raise ValueError(f"offsets: offsets[{p}]={int(off[p])} runs past the indices (len(indices)={n})")
     lens = np.diff(off.astype(np.int64, copy=False))
     if lens.size and lens.min() < 0:
         p = int(np.argmax(lens < 0))
         raise ValueError(f"offsets: must not decrease, offsets[{p + 1}]={int(off[p + 1])} < offsets[{p}]={int(off[p])}")
     if int(off[-1]) != n:
-        raise ValueError(f"offsets: must end at len(indices)={n}, got {int(off[-1])}" + (" (runs past the indices)" if off[-1] > n else ""))
+        raise ValueError(f"offsets: must end at len(indices)={n}, got {int(off[-1])}")
     if lens.size and lens.max() > spec.max_bag_size:
         p = int(np.argmax(lens))
         raise ValueError(f"offsets: bag {p} has {int(lens[p])} entries, more than max_bag_size={spec.max_bag_size}")

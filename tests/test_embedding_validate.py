@@ -1,0 +1,140 @@
+"""Bad input: a clear typed error naming the field and the limit, before any device work, with the
+resident tables unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import offload
+from offload._runtime import get_resident
+from offload.host import open_device
+from offload.kernels.embedding import TableSpec, make_kernel, make_spec
+
+
+@pytest.fixture()
+def loaded():
+    spec = make_spec([TableSpec("users", 10, 4, "ap_fixed<16,6>", padding_idx=2),
+                      TableSpec("items", 6, 3, "int8_rowwise", "ap_fixed<20,4,AP_RND_CONV,AP_SAT>")],
+                     mode="sum", max_bag_size=4)
+    rng = np.random.default_rng(0)
+    kernel = make_kernel("k", spec, [rng.standard_normal((10, 4)), rng.standard_normal((6, 3))])
+    dev = open_device("sim")
+    h = dev.load(kernel)
+    good = {"indices": np.array([1, 2, 9, 0, 5, 5], dtype=np.int64), "offsets": np.array([0, 2, 3, 5, 6], dtype=np.int64)}
+    before = {k: v.copy() for k, v in dev._get(h).tensors.items()}
+    baseline = dev.run(h, good)["out"].copy()
+    yield dev, h, good
+    # Nothing a rejected call did reached the device: tables and results are unchanged.
+    for k, v in dev._get(h).tensors.items():
+        np.testing.assert_array_equal(v, before[k])
+    np.testing.assert_array_equal(dev.run(h, good)["out"], baseline)
+    dev.close()
+
+
+def _with(good, **kw):
+    d = dict(good)
+    d.update(kw)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def test_index_out_of_range_names_table_position_value_rows(loaded):
+    dev, h, good = loaded
+    with pytest.raises(IndexError, match=r"indices\[4\] = 6 .*table 'items' with 6 rows"):
+        dev.run(h, _with(good, indices=np.array([1, 2, 9, 0, 6, 5])))
+    with pytest.raises(IndexError, match=r"indices\[1\] = -1 .*table 'users' with 10 rows"):
+        dev.run(h, _with(good, indices=np.array([1, -1, 9, 0, 5, 5])))
+    with pytest.raises(IndexError, match=r"= 10 .*'users'"):
+        dev.run(h, _with(good, indices=np.array([10, 2, 9, 0, 5, 5])))
+
+
+@pytest.mark.parametrize("offsets, msg", [
+    ([1, 2, 3, 5, 6], "must start at 0"),
+    ([0, 3, 2, 5, 6], "must not decrease"),
+    ([0, 2, 3, 5, 7], "runs past the indices"),
+    ([0, 2, 3, 5, 5], "must end at len"),
+    ([0, 2, 3, 6], "length must be T\\*B\\+1"),
+    ([0, 0, 0, 6, 6], "more than max_bag_size=4"),
+])
+def test_bad_offsets(loaded, offsets, msg):
+    dev, h, good = loaded
+    with pytest.raises(ValueError, match=msg):
+        dev.run(h, _with(good, offsets=np.array(offsets, dtype=np.int64)))
+
+
+def test_bad_dtypes_and_weights(loaded):
+    dev, h, good = loaded
+    with pytest.raises(TypeError, match="indices: dtype"):
+        dev.run(h, _with(good, indices=good["indices"].astype(np.float32)))
+    with pytest.raises(TypeError, match="offsets: dtype"):
+        dev.run(h, _with(good, offsets=good["offsets"].astype(np.int16)))
+    with pytest.raises(TypeError, match="per_sample_weights"):
+        dev.run(h, _with(good, per_sample_weights=np.ones(6, np.float32)))
+    with pytest.raises(ValueError, match=r"per_sample_weights: shape \(5,\)"):
+        dev.run(h, _with(good, per_sample_weights=np.ones(5, np.int64)))
+
+
+def test_weights_outside_sum_mode_rejected_by_kernel():
+    spec = make_spec([TableSpec("t", 4, 2, "ap_fixed<8,3>")], mode="max", max_bag_size=3)
+    kernel = make_kernel("k", spec, [np.zeros((4, 2))])
+    dev = open_device("sim")
+    h = dev.load(kernel)
+    with pytest.raises(ValueError, match="only supported in mode 'sum'"):
+        dev.run(h, {"indices": np.array([0, 1]), "offsets": np.array([0, 2]), "per_sample_weights": np.array([1, 1])})
+
+
+def test_spec_limits():
+    with pytest.raises(ValueError, match="padding_idx 7 outside"):
+        make_spec([TableSpec("t", 4, 2, "ap_fixed<8,3>", padding_idx=7)])
+    with pytest.raises(ValueError, match="mode"):
+        make_spec([TableSpec("t", 4, 2, "ap_fixed<8,3>")], mode="median")
+    with pytest.raises(ValueError, match="acc_type.*wider than 62"):
+        make_spec([TableSpec("t", 4, 2, "ap_fixed<8,3>")], acc_type="ap_fixed<64,20>")
+    with pytest.raises(ValueError, match="needs param_type"):
+        make_spec([TableSpec("t", 4, 2, "int8_rowwise")])
+
+
+def _module_and_state():
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(10, 4, mode="mean", padding_idx=3)
+    m = offload.nn.EmbeddingBag.from_float(bag, fmt="ap_fixed<16,6>", max_bag_size=5)
+    res = get_resident(m.rid)
+    dev_tables = {k: v.copy() for k, v in res.device._get(res.handle).tensors.items()}
+    return m, res, dev_tables
+
+
+def test_module_errors_leave_resident_state_unchanged():
+    m, res, dev_tables = _module_and_state()
+    idx, off = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2])
+    y0 = m(idx, off)
+    with pytest.raises(IndexError, match=r"indices\[2\] = 10 .*with 10 rows"):
+        m(torch.tensor([1, 2, 10, 4]), off)
+    with pytest.raises(IndexError, match="= -2"):
+        m(torch.tensor([1, -2, 0, 4]), off)
+    with pytest.raises(ValueError, match="must start at 0"):
+        m(idx, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="must not decrease"):
+        m(idx, torch.tensor([0, 3, 2]))
+    with pytest.raises(ValueError, match="runs past"):
+        m(idx, torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match="max_bag_size=5"):
+        m(torch.arange(8) % 10, torch.tensor([0]))
+    with pytest.raises(ValueError, match="per_sample_weights: only supported with mode='sum'"):
+        m(idx, off, torch.ones(4))
+    with pytest.raises(TypeError, match="input: dtype"):
+        m(idx.float(), off)
+    with pytest.raises(TypeError, match="offsets: dtype"):
+        m(idx, off.float())
+    with pytest.raises(ValueError, match="offsets"):
+        m(idx)
+    with pytest.raises(ValueError, match="offsets: must be None for 2-D"):
+        m(idx.reshape(2, 2), off)
+    sbag = offload.nn.EmbeddingBag.from_float(torch.nn.EmbeddingBag(10, 4, mode="sum"))
+    with pytest.raises(ValueError, match=r"per_sample_weights: shape \(3,\)"):
+        sbag(idx, off, torch.ones(3))
+    with pytest.raises(TypeError, match="per_sample_weights: dtype"):
+        sbag(idx, off, torch.ones(4, dtype=torch.int64))
+    for k, v in res.device._get(res.handle).tensors.items():
+        np.testing.assert_array_equal(v, dev_tables[k])
+    assert torch.equal(m(idx, off), y0)
