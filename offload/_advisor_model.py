@@ -51,6 +51,11 @@ ADD_LEVELS_PER_CYCLE = 1
 # a fixed ~200 LUTs of control per layer. Order-of-magnitude only (the report says so).
 CONTROL_LUTS_PER_LAYER = 200
 BRAM36_BITS = 36 * 1024
+# UltraRAM block: 4K deep x 72 bits (288 Kb), one read port a cycle per block (UG573, "UltraRAM").
+URAM_DEPTH, URAM_BITS_WIDE = 4096, 72
+# Our placement policy (not a hardware limit): a table goes on chip only if it takes at most a
+# quarter of the card's URAM, leaving room for the other tables and the MLP weights.
+URAM_TABLE_MAX_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -82,25 +87,39 @@ def dsp_per_mult(a_bits: int, b_bits: int, dsp_a: int = DSP48E2_A, dsp_b: int = 
 
 def predict_lookup(card: Card, lookups_per_table: Sequence[int], row_bytes: Sequence[int], batch: int,
                    index_bytes: int = 4, out_bytes_per_value: int = 8, dims: Sequence[int] = (),
-                   table_bytes: int = 0, accum_bits: int = 48) -> Prediction:
-    """One table-batched lookup call: ``lookups_per_table[t]`` random rows of ``row_bytes[t]`` from table t."""
+                   rows_per_table: Sequence[int] = (), accum_bits: int = 48) -> Prediction:
+    """One table-batched lookup call: ``lookups_per_table[t]`` random rows of ``row_bytes[t]`` from table t.
+
+    Tables small enough (``URAM_TABLE_MAX_FRACTION`` of the card's URAM each, while URAM lasts) are
+    placed on chip in URAM and read one row a cycle; the others live in HBM/DDR.
+    """
     if card.hbm_channels:
         channels, ch_bps, lat = card.hbm_channels, card.hbm_channel_bps, HBM_RANDOM_READ_LATENCY_S
     else:
         channels, ch_bps, lat = card.ddr_channels, DDR4_CHANNEL_BPS, DDR_RANDOM_READ_LATENCY_S
+    rows_per_table = list(rows_per_table) or [0] * len(row_bytes)
     per_channel = [0.0] * channels
-    for t, (n, rb) in enumerate(zip(lookups_per_table, row_bytes)):
+    on_chip = 0.0
+    uram_left, uram_used, mem_bytes = card.uram, 0, 0
+    for t, (n, rb, rows) in enumerate(zip(lookups_per_table, row_bytes, rows_per_table)):
+        urams = math.ceil(rb * 8 / URAM_BITS_WIDE) * math.ceil(rows / URAM_DEPTH) if rows else 0
+        if rows and urams <= uram_left and urams <= URAM_TABLE_MAX_FRACTION * card.uram:
+            uram_left -= urams
+            uram_used += urams
+            on_chip = max(on_chip, n / card.kernel_clock_hz)  # one row a cycle from a width-partitioned URAM
+            continue
+        mem_bytes += rows * rb
         burst = math.ceil(rb / AXI_BYTES_PER_BEAT) * AXI_BYTES_PER_BEAT
         per_read = max(lat / M_AXI_OUTSTANDING_READS, burst / ch_bps)
         per_channel[t % channels] += n * per_read
-    kernel = max(per_channel) + lat  # the last read's latency is not hidden
+    kernel = max(max(per_channel) + (lat if any(per_channel) else 0.0), on_chip)  # the last read's latency is not hidden
     dims = list(dims) or [rb // 2 for rb in row_bytes]
     out_bytes = batch * sum(dims) * out_bytes_per_value
     kernel += out_bytes / (AXI_BYTES_PER_BEAT * card.kernel_clock_hz)
     n_idx = sum(lookups_per_table)
     t_xfer = transfer_s(card, [n_idx * index_bytes, (len(lookups_per_table) * batch + 1) * index_bytes], [out_bytes])
-    # Pooling: one accum_bits adder per output lane of every table; tables live in HBM/DDR.
-    res = {"DSP": 0, "BRAM36": 0, "URAM": 0, "LUT": sum(dims) * accum_bits + CONTROL_LUTS_PER_LAYER * len(dims), "HBM_bytes": table_bytes}
+    # Pooling: one accum_bits adder per output lane of every table.
+    res = {"DSP": 0, "BRAM36": 0, "URAM": uram_used, "LUT": sum(dims) * accum_bits + CONTROL_LUTS_PER_LAYER * len(dims), "HBM_bytes": mem_bytes}
     return Prediction(t_xfer, KERNEL_LAUNCH_S, kernel, int(kernel * card.kernel_clock_hz), res)
 
 

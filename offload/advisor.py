@@ -29,7 +29,6 @@ import torch.nn as nn
 
 from offload._advisor_model import Prediction, predict_lookup, predict_mlp
 from offload._cards import Card, get_card
-from offload._partition_build import table_bytes
 from offload._partition_find import OPS, Candidate, find_candidates, trace
 
 __all__ = ["advise", "Advice", "Estimate"]
@@ -89,13 +88,13 @@ class Advice:
         c = self.card
         t = Table(title=f"offload advise: card {c.name} ({c.datasheet}: {c.dsp} DSP, {c.bram36} BRAM36, {c.uram} URAM, "
                         f"{c.lut // 1000}K LUT, {c.memory_bytes / 2**30:.0f} GiB)")
-        for col in ("candidate", "shape", "batch", "host", "card = xfer+launch+kernel", "DSP", "BRAM36", "LUT", "card mem", "verdict"):
+        for col in ("candidate", "shape", "batch", "host", "card = xfer+launch+kernel", "DSP", "BRAM36", "URAM", "LUT", "HBM/DDR", "verdict"):
             t.add_column(col, overflow="fold")
         for r in self.rows:
             res = r.resources
             t.add_row(r.name, r.shape, str(r.batch), f"{_us(r.host_s)} ({r.host_device})",
                       f"{_us(r.card_s)} = {_us(r.transfer_s)}+{_us(r.launch_s)}+{_us(r.kernel_s)}",
-                      f"{res['DSP']:.0f}", f"{res['BRAM36']:.0f}", f"{res['LUT']:.0f}", f"{res['HBM_bytes'] / 2**20:.1f} MiB",
+                      f"{res['DSP']:.0f}", f"{res['BRAM36']:.0f}", f"{res['URAM']:.0f}", f"{res['LUT']:.0f}", f"{res['HBM_bytes'] / 2**20:.1f} MiB",
                       f"{r.verdict}: {r.why}")
         return t
 
@@ -191,13 +190,13 @@ def _estimate(c: Candidate, args: tuple, batch: int, card: Card, fmt: str, reuse
         call, lookups, _ = _bag_inputs(c, args, batch, gen)
         dim = m.embedding_dim
         row = max(1, dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0)
-        pred = predict_lookup(card, [lookups], [row], batch, dims=[dim], table_bytes=table_bytes(m.num_embeddings, dim, fmt))
+        pred = predict_lookup(card, [lookups], [row], batch, dims=[dim], rows_per_table=[m.num_embeddings])
     elif c.kind == "embedding":
         x = _rows(args[0], batch, gen)
         call = lambda: m(x)  # noqa: E731
         dim = m.embedding_dim
         row = max(1, dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0)
-        pred = predict_lookup(card, [x.numel()], [row], x.numel(), dims=[dim], table_bytes=table_bytes(m.num_embeddings, dim, fmt))
+        pred = predict_lookup(card, [x.numel()], [row], x.numel(), dims=[dim], rows_per_table=[m.num_embeddings])
     else:
         x = _rows(args[0], batch, gen)
         call = lambda: m(x)  # noqa: E731
@@ -271,7 +270,7 @@ def advise(
     gen = torch.Generator().manual_seed(seed)
     bags = [c for c in cands if c.kind == "embedding_bag" and c.first.name in rec.inputs]
     for b in sizes:
-        host_bags, lookups, rows, dims, tbytes = 0.0, [], [], [], 0
+        host_bags, lookups, rows, dims, nrows = 0.0, [], [], [], []
         for c in cands:
             if c.first.name not in rec.inputs:
                 continue
@@ -284,10 +283,10 @@ def advise(
                 lookups.append(n)
                 dims.append(c.module.embedding_dim)
                 rows.append(max(1, c.module.embedding_dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0))
-                tbytes += table_bytes(c.module.num_embeddings, c.module.embedding_dim, fmt)
+                nrows.append(c.module.num_embeddings)
         if len(bags) > 1:
             # All bag tables in one table-batched call (what offload.offload builds): one launch,
             # tables in parallel channels; the host runs them one after the other.
-            pred = predict_lookup(cardv, lookups, rows, b, dims=dims, table_bytes=tbytes)
+            pred = predict_lookup(cardv, lookups, rows, b, dims=dims, rows_per_table=nrows)
             advice.rows.append(_row(f"all {len(bags)} tables (batched)", "embedding_bag", f"{len(bags)} tables", b, "sum of above", host_bags, pred, cardv))
     return advice

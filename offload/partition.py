@@ -200,7 +200,9 @@ def _group_tables(gm: fx.GraphModule, bags: list[Candidate], fmt: str) -> list[l
     pos = _pos(gm)
     groups: dict[tuple, list[list[Candidate]]] = {}
     for c in sorted(bags, key=lambda c: pos[c.first]):
-        if c.per_sample_weights:
+        # Only plain bags batch: BatchedBags converts (input, offsets) without a last offset, and
+        # renormalising (max_norm) lookups must reach EmbeddingBag.from_float, which refuses them.
+        if c.per_sample_weights or c.module.max_norm is not None or c.module.include_last_offset:
             continue
         key = (c.module.embedding_dim, c.bag_mode, fmt)
         placed = False

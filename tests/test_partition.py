@@ -1,0 +1,205 @@
+"""offload.offload / offload.compare on embedding models (sim device): graph surgery, batching, report, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+import offload
+from offload._cards import CARDS
+
+FMT = "ap_fixed<16,6>"
+LSB = 2.0**-10  # ap_fixed<16,6>: 10 fractional bits
+
+
+def _bound(bag_len: int) -> float:
+    """Largest |offloaded - float| of one pooled value.
+
+    Each table entry is quantized to ap_fixed<16,6> (AP_TRN by default): error < 1 LSB. A sum of
+    ``bag_len`` entries (exact in the wide default accumulator) is off by < bag_len LSB; a mean by
+    < 1 LSB plus at most 1 LSB of rounding to the output type. ``bag_len + 1`` LSB covers both, plus
+    the float32 reference's own rounding: bag_len terms of magnitude < 8 at 2^-24 relative each.
+    """
+    return (bag_len + 1) * LSB + bag_len * 8 * 2.0**-24
+
+
+class Toy(nn.Module):
+    """Two sum bags on the inputs (batchable), a functional mean bag, an Embedding, a Conv1d."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a = nn.EmbeddingBag(50, 8, mode="sum")
+        self.b = nn.EmbeddingBag(70, 8, mode="sum")
+        self.w = nn.Parameter(torch.randn(30, 8, generator=g))
+        self.e = nn.Embedding(40, 8)
+        self.conv = nn.Conv1d(1, 1, 3, padding=1)
+        for m in (self.a, self.b, self.e):
+            with torch.no_grad():
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g))
+
+    def forward(self, ia, oa, ib, ob, ic, oc, ie):
+        x = self.a(ia, oa) + self.b(ib, ob) + F.embedding_bag(ic, self.w, oc, mode="mean")
+        x = x + self.e(ie).sum(1)
+        return self.conv(x.unsqueeze(1)).squeeze(1)
+
+
+def _bags(n_rows: int, batch: int, max_len: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    lens = torch.randint(1, max_len + 1, (batch,), generator=gen)
+    idx = torch.randint(0, n_rows, (int(lens.sum()),), generator=gen)
+    off = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)[:-1]])
+    return idx, off
+
+
+def _inputs(batch: int = 16, max_len: int = 5, seed: int = 1) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    return (*_bags(50, batch, max_len, g), *_bags(70, batch, max_len, g), *_bags(30, batch, max_len, g),
+            torch.randint(0, 40, (batch, 3), generator=g))
+
+
+@pytest.fixture(scope="module")
+def toy():
+    model = Toy().eval()
+    gm = offload.offload(model, _inputs(), fmt=FMT, device="sim")
+    return model, gm
+
+
+def test_report_lists_every_candidate_with_placement_and_reason(toy):
+    model, gm = toy
+    rep = gm.offload_report
+    assert isinstance(gm, fx.GraphModule)
+    by_node = {d.node: d for d in rep.decisions}
+    assert set(by_node) == {"a", "b", "embedding_bag", "e", "conv"}
+    for n in ("a", "b", "embedding_bag", "e"):
+        assert by_node[n].offloaded, by_node[n]
+    assert not by_node["conv"].offloaded and "Conv1d" in by_node["conv"].reason
+    # a and b: same dim, mode and format, inputs are placeholders -> one table-batched call; the
+    # functional bag is a mean (different mode) and stays a call of its own.
+    assert rep.batches == [("a", "b")]
+    assert by_node["a"].replacement == by_node["b"].replacement
+    assert by_node["embedding_bag"].batched_with == ()
+    text = str(rep)
+    for n in by_node:
+        assert n in text
+
+
+def test_graph_keeps_other_nodes_and_modules_untouched(toy):
+    model, gm = toy
+    assert gm.get_submodule("conv") is model.conv  # kept, same object, same device
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_module"}
+    assert "a" not in targets and "b" not in targets and "e" not in targets
+    assert not any(n.op == "get_attr" and n.target == "w" for n in gm.graph.nodes)  # F.embedding_bag's weight no longer read
+    # the float model itself is not modified
+    assert isinstance(model.a, nn.EmbeddingBag) and isinstance(model.e, nn.Embedding)
+
+
+def test_offloaded_outputs_within_the_quantization_bound(toy):
+    model, gm = toy
+    max_len = 5
+    inp = _inputs(batch=32, max_len=max_len, seed=7)
+    cmp = offload.compare(model, gm, inp)
+    assert len(cmp.outputs) == 1 and len(cmp.local) == 4  # a, b (batched call), functional bag, embedding
+    for d in cmp.local:
+        limit = _bound(1) if "offload_e" == d.name else _bound(max_len)
+        assert d.max_abs_err <= limit, d
+        assert d.max_abs_err > 0  # quantization is really on (random N(0,1) tables are never all on the 2^-10 grid)
+    # End to end: a+b+mean+sum of 3 embeddings has error < (2*5 + 1*... ) bound per element; the
+    # conv (3 taps) multiplies it by at most sum|w_conv|.
+    per_elem = 2 * _bound(max_len) + _bound(max_len) + 3 * _bound(1)
+    limit = per_elem * float(model.conv.weight.detach().abs().sum()) + 1e-5
+    assert cmp.max_abs_err <= limit
+    assert cmp.min_cosine > 0.99
+    assert "node (local)" in str(cmp)
+
+
+def test_compare_finds_the_broken_node():
+    """Table b's values (|w| up to ~400) saturate ap_fixed<16,6> (range [-32, 32)): b must be the worst node."""
+    model = Toy().eval()
+    with torch.no_grad():
+        model.b.weight.mul_(100.0)
+    gm = offload.offload(model, _inputs(), fmt=FMT, device="sim", batch_tables=False)
+    cmp = offload.compare(model, gm, _inputs(seed=3))
+    worst = cmp.worst_node()
+    assert worst is not None and worst.name == "offload_b"
+    assert worst.max_abs_err > 10.0  # at least one saturated entry (|w| > 42 is clipped to 32) in a bag
+
+
+def test_tables_whose_inputs_depend_on_each_other_are_not_batched():
+    class Chain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.EmbeddingBag(20, 4, mode="sum")
+            self.b = nn.EmbeddingBag(4, 4, mode="sum")
+
+        def forward(self, i, o):
+            x = self.a(i, o)
+            return self.b(x.argmax(1, keepdim=True))  # b's ids come from a's output
+
+    model = Chain().eval()
+    i, o = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2])
+    gm = offload.offload(model, (i, o), device="sim")
+    rep = gm.offload_report
+    assert rep.batches == []
+    assert all(d.offloaded for d in rep.decisions)
+    assert gm(i, o).shape == (2, 4)
+
+
+def test_table_too_large_for_the_card_stays_on_host():
+    model = Toy().eval()
+    # Card memory for exactly table a (50 x 8 int16 = 800 bytes) plus 100 bytes: b must stay home.
+    tiny = dataclasses.replace(CARDS["u55c"], hbm_bytes=800 + 100, ddr_bytes=0)
+    gm = offload.offload(model, _inputs(), ops=("embedding_bag",), card=tiny, device="sim")
+    d = gm.offload_report.decision("b")
+    assert not d.offloaded and "MiB" in d.reason and "u55c" in d.reason
+    assert gm.offload_report.decision("a").offloaded
+    assert gm.get_submodule("b") is model.b
+    assert gm.offload_report.decision("embedding_bag").offloaded is False  # 30x8 no longer fits either
+
+
+def test_factory_error_is_reported_not_raised():
+    model = Toy().eval()
+    model.a.max_norm = 1.0  # renormalising lookups have no kernel: from_float raises ValueError
+    gm = offload.offload(model, _inputs(), ops=("embedding_bag",), device="sim")
+    d = gm.offload_report.decision("a")
+    assert not d.offloaded and "max_norm" in d.reason
+    assert gm.offload_report.decision("b").offloaded
+
+
+def test_untraceable_model_runs_unchanged_with_reason():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bag = nn.EmbeddingBag(10, 4)
+            self.lin = nn.Linear(4, 1)
+
+        def forward(self, i, o):
+            x = self.bag(i, o)
+            if x.sum() > 0:  # data-dependent control flow: torch.fx cannot trace it
+                x = -x
+            return self.lin(x)
+
+    model = Branchy().eval()
+    i, o = torch.tensor([1, 2, 3]), torch.tensor([0, 1])
+    out = offload.offload(model, (i, o), device="sim")
+    rep = out.offload_report
+    assert rep.traced is False
+    assert {d.node for d in rep.decisions} == {"bag", "lin"}
+    assert all(not d.offloaded and "not traceable" in d.reason for d in rep.decisions)
+    torch.testing.assert_close(out(i, o), model(i, o), rtol=0, atol=0)
+
+
+def test_bad_arguments_raise_typed_errors():
+    model = Toy().eval()
+    with pytest.raises(ValueError, match="ops"):
+        offload.offload(model, _inputs(), ops=("conv",))
+    with pytest.raises(ValueError, match="reuse_factor"):
+        offload.offload(model, _inputs(), reuse_factor=0)
+    with pytest.raises(TypeError, match="model"):
+        offload.offload(lambda x: x, _inputs())
+    with pytest.raises(ValueError, match="card"):
+        offload.offload(model, _inputs(), card="u999")
