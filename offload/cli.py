@@ -36,6 +36,10 @@ main.add_command(_build_cmd)
 main.add_command(_info_cmd)
 main.add_command(_devices_cmd)
 
+from offload._cli_advise import advise_cmd as _advise_cmd  # noqa: E402
+
+main.add_command(_advise_cmd)
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()

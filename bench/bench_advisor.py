@@ -1,0 +1,73 @@
+"""Validate the offload advisor's analytical model and show its advice on the DLRM example.
+
+1. Against a real Vivado HLS 2019.2 csynth report (hls4ml autoencoder fixture): predicted vs
+   reported worst-case latency and DSPs of every convolution, and of the whole dataflow design.
+2. ``offload.advise`` on the DLRM example (small tables by default, ``--full`` for 10^4..10^6 rows):
+   measured host latency vs predicted card latency at batch 1, 64, 4096.
+
+    .venv/bin/python bench/bench_advisor.py [--full] [--card u55c] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+
+def validate() -> None:
+    from offload._advisor_validate import check_autoencoder, find_fixture
+    from offload.hls.reports import parse_report
+
+    rpt = find_fixture()
+    if rpt is None:
+        print("fixture report not found (set OFFLOAD_HLS_FIXTURES); skipping validation")
+        return
+    checks = check_autoencoder(rpt)
+    top = parse_report(rpt)
+    print(f"## Model vs {rpt.parent.name} ({top.tool_version}, {top.part}, {top.target_clock_ns} ns)\n")
+    print("| layer | predicted cycles | reported max cycles | ratio | predicted DSP | reported DSP | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for c in checks:
+        print(f"| {c.name} | {c.predicted_cycles} | {c.reported_cycles} | {c.cycles_ratio:.2f} | {c.predicted_dsp} | {c.reported_dsp} | {c.dsp_ratio:.2f} |")
+    # Dataflow design: latency of the slowest stage (stages overlap); DSPs add up. The report's
+    # total DSP also counts non-conv instances (none use DSPs here).
+    pred_lat = max(c.predicted_cycles for c in checks)
+    pred_dsp = sum(c.predicted_dsp for c in checks)
+    print(f"| whole design (dataflow: slowest stage) | {pred_lat} | {top.latency_max} | {pred_lat / top.latency_max:.2f} "
+          f"| {pred_dsp} | {top.resources['DSP']} | {pred_dsp / top.resources['DSP']:.2f} |\n")
+
+
+def advise_dlrm(full: bool, card: str) -> None:
+    import offload
+    from offload.examples import dlrm
+
+    cfg = dlrm.DLRMConfig() if full else dlrm.DLRMConfig.small()
+    torch.manual_seed(0)
+    model = dlrm.DLRM(cfg).eval()  # timing does not depend on training
+    data = dlrm.make_clicks(cfg, 512, seed=1)
+    adv = offload.advise(model, data.inputs, batch_sizes=(1, 64, 4096), card=card, ops=("embedding_bag", "mlp"), repeats=25, budget_s=1.0)
+    print(f"## offload.advise, DLRM ({'full' if full else 'small'}), card {card}, torch threads {torch.get_num_threads()}\n")
+    print("| candidate | batch | host (median) | card predicted (xfer + launch + kernel) | verdict |")
+    print("|---|---:|---:|---:|---|")
+    for r in adv.rows:
+        print(f"| {r.name} | {r.batch} | {r.host_s * 1e6:.0f} us | {r.card_s * 1e6:.0f} us ({r.transfer_s * 1e6:.0f} + "
+              f"{r.launch_s * 1e6:.0f} + {r.kernel_s * 1e6:.0f}) | {r.verdict} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true")
+    ap.add_argument("--card", default="u55c")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: leave torch's default)")
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    print(f"command: {' '.join(['.venv/bin/python', 'bench/bench_advisor.py', *(argv if argv is not None else sys.argv[1:])])}\n")
+    validate()
+    advise_dlrm(a.full, a.card)
+
+
+if __name__ == "__main__":
+    main()
