@@ -145,7 +145,7 @@ def program_source(cases: Sequence[Case]) -> str:
 
 def build_program(cases: Sequence[Case]):
     """Compile (or fetch from cache) the program for ``cases``; returns the executable's path."""
-    return csim.build({"fixed_proof.cpp": program_source(cases)}, flags=("-O1", "-std=c++14", "-w", "-DNDEBUG"))
+    return csim.build({"fixed_proof.cpp": program_source(cases)}, flags=("-O0", "-std=c++14", "-w", "-DNDEBUG"))
 
 
 def _pattern(raw: np.ndarray, t: FixedType) -> np.ndarray:

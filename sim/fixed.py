@@ -224,7 +224,7 @@ class FixedType:
         """
         self._need_raw("quantize")
         x = np.asarray(x, dtype=np.float64)
-        bits = np.ascontiguousarray(x).view(np.uint64)
+        bits = x.reshape(-1).view(np.uint64).reshape(x.shape)
         if np.isnan(x).any():
             raise ValueError(f"quantize into {self}: NaN has no fixed-point value (ap_types flags it as unsupported)")
         neg = (bits >> np.uint64(63)).astype(bool)
