@@ -107,10 +107,31 @@ def test_ddr_card_keeps_cus_next_to_their_bank(bundle_dir, tmp_path):
         hb.write_project(load(bundle_dir), "u9", tmp_path / "x")
 
 
+def _mlp_kernel():
+    from offload.kernels.catalogue import entries
+
+    return next(e for e in entries() if e.kind == "mlp").build().kernel
+
+
+def test_embedding_placement_comes_from_its_connectivity_generator(tmp_path):
+    from offload.hls.connectivity import embedding_connectivity
+
+    emb, mlp = _embedding_kernel(), _mlp_kernel()
+    proj = hb.write_project(Bundle("m", {"mlp": mlp, "emb": emb}), "u55c", tmp_path / "prj", compute_units=2)
+    cfg = (proj.root / "connectivity.cfg").read_text().splitlines()
+    theirs = [ln for ln in embedding_connectivity(emb.spec, "u55c", compute_units=2).splitlines() if ln.startswith(("sp=", "slr=", "nk="))]
+    assert set(theirs) <= set(cfg)
+    bank = re.compile(r"HBM\[(\d+)\]")
+    emb_top = get_hls_kind("embedding").top_name(emb.spec)
+    emb_banks = {int(m) for ln in cfg if ln.startswith(f"sp={emb_top}") for m in bank.findall(ln)}
+    mlp_banks = {int(m) for ln in cfg if ln.startswith("sp=offload_mlp") for m in bank.findall(ln)}
+    assert mlp_banks and not (emb_banks & mlp_banks)  # the MLP's ports take the banks left over
+
+
 def test_golden_check_passes_real_and_test_kernels():
-    b = Bundle("m", {"sa": sa.make_kernel(n=8, scale=3), "emb": _embedding_kernel()})
+    b = Bundle("m", {"sa": sa.make_kernel(n=8, scale=3), "emb": _embedding_kernel(), "mlp": _mlp_kernel()})
     res = hb.golden_check(b, cases=3)
-    assert [r.kernel for r in res] == ["sa", "emb"]
+    assert [r.kernel for r in res] == ["sa", "emb", "mlp"]
     for r in res:
         assert r.mismatches == 0 and r.compared > 0, r
 
