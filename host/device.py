@@ -75,6 +75,11 @@ class Device(Protocol):
         """Run asynchronously; the future resolves to ``run``'s result."""
         ...
 
+    def load_bundle(self, bundle: Any) -> dict[str, KernelHandle]:
+        """Load every kernel of an :class:`offload.host.bundle.Bundle` (the card backends first load
+        its xclbin, checking the UUID the bundle recorded); kernel name -> handle."""
+        ...
+
     def info(self) -> DeviceInfo:
         ...
 
