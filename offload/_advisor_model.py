@@ -112,10 +112,12 @@ def predict_lookup(card: Card, lookups_per_table: Sequence[int], row_bytes: Sequ
         burst = math.ceil(rb / AXI_BYTES_PER_BEAT) * AXI_BYTES_PER_BEAT
         per_read = max(lat / M_AXI_OUTSTANDING_READS, burst / ch_bps)
         per_channel[t % channels] += n * per_read
-    kernel = max(max(per_channel) + (lat if any(per_channel) else 0.0), on_chip)  # the last read's latency is not hidden
     dims = list(dims) or [rb // 2 for rb in row_bytes]
     out_bytes = batch * sum(dims) * out_bytes_per_value
-    kernel += out_bytes / (AXI_BYTES_PER_BEAT * card.kernel_clock_hz)
+    # Pooled rows stream out while later bags are read (dataflow), through one AXI port into one
+    # memory channel: the slower of reads and writes sets the pace; the last read's latency shows.
+    write = out_bytes / min(AXI_BYTES_PER_BEAT * card.kernel_clock_hz, ch_bps)
+    kernel = max(max(per_channel), on_chip, write) + (lat if any(per_channel) else 0.0)
     n_idx = sum(lookups_per_table)
     t_xfer = transfer_s(card, [n_idx * index_bytes, (len(lookups_per_table) * batch + 1) * index_bytes], [out_bytes])
     # Pooling: one accum_bits adder per output lane of every table.

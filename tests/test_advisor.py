@@ -1,0 +1,157 @@
+"""offload.advise: analytical model properties, card budgets, validation against a real HLS report, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from click.testing import CliRunner
+
+import offload
+from offload._advisor_model import dsp_per_mult, predict_lookup, predict_mlp, transfer_s
+from offload._advisor_validate import check_autoencoder, find_fixture
+from offload._cards import CARDS, get_card
+from offload.cli import main
+
+
+def test_card_budgets_are_consistent_with_their_datasheets():
+    # Two independent datasheet figures must agree: 32 pseudo channels x 14.375 GB/s = 460 GB/s
+    # (UG1393) for U55C/U280, and U50's 316 GB/s (DS965) over its 32 channels.
+    for name in ("u55c", "u280"):
+        c = CARDS[name]
+        assert c.hbm_channels * c.hbm_channel_bps == pytest.approx(460e9)
+    assert CARDS["u50"].hbm_channels * CARDS["u50"].hbm_channel_bps == pytest.approx(316e9)
+    assert CARDS["u250"].hbm_bytes == 0 and CARDS["u250"].ddr_channels == 4
+    # U55C has twice U280's HBM (512 MB vs 256 MB pseudo channels, UG1393).
+    assert CARDS["u55c"].hbm_bytes == 2 * CARDS["u280"].hbm_bytes
+    with pytest.raises(ValueError, match="u999"):
+        get_card("u999")
+    with pytest.raises(TypeError):
+        get_card(55)
+
+
+def test_dsp_per_mult_tiles_the_dsp_multiplier():
+    assert dsp_per_mult(16, 16) == 1    # fits 27x18
+    assert dsp_per_mult(27, 18) == 1
+    assert dsp_per_mult(28, 18) == 2
+    assert dsp_per_mult(32, 32) == 4    # 2 x 2 tiles of 27x18
+    assert dsp_per_mult(32, 32, 25, 18) == 4
+
+
+def test_mlp_prediction_scales_with_reuse_and_batch():
+    card = CARDS["u55c"]
+    sizes = [64, 128, 64, 1]
+    weights = 64 * 128 + 128 * 64 + 64
+    p1 = predict_mlp(card, sizes, batch=1, reuse_factor=1)
+    assert p1.resources["DSP"] == weights  # one 16x16 multiplier (1 DSP) per weight at reuse 1
+    p4 = predict_mlp(card, sizes, batch=1, reuse_factor=4)
+    assert p4.resources["DSP"] == sum(math.ceil(i * o / 4) for i, o in zip(sizes[:-1], sizes[1:]))
+    assert p4.kernel_cycles > p1.kernel_cycles
+    # Pipelined: each extra sample costs II = max(reuse, input beats) cycles, not a full latency.
+    pb = predict_mlp(card, sizes, batch=1001, reuse_factor=4)
+    assert pb.kernel_cycles - p4.kernel_cycles == 1000 * 4
+    # Transfers: slope 1/PCIe bandwidth in bytes.
+    t1, t2 = transfer_s(card, [1000], [0]), transfer_s(card, [1_001_000], [0])
+    assert t2 - t1 == pytest.approx(1e6 / card.pcie_bps)
+
+
+def test_lookup_prediction_parallel_channels_and_memory_budget():
+    card = CARDS["u55c"]
+    big = 10_000_000  # rows: 640 MB at 64 B a row, far past URAM -> HBM
+    one = predict_lookup(card, [40_000], [64], 4096, dims=[4], rows_per_table=[big])
+    eight = predict_lookup(card, [40_000] * 8, [64] * 8, 4096, dims=[4] * 8, rows_per_table=[big] * 8)
+    # 8 tables in 8 channels run in parallel (narrow outputs: the write stream is not the bottleneck).
+    assert eight.kernel_s == pytest.approx(one.kernel_s, rel=0.01)
+    assert eight.resources["HBM_bytes"] == 8 * big * 64
+    # 40 tables share 32 channels: the busiest channel serves 2 tables, twice the time.
+    forty = predict_lookup(card, [40_000] * 40, [64] * 40, 4096, dims=[4] * 40, rows_per_table=[big] * 40)
+    assert forty.kernel_s == pytest.approx(2 * one.kernel_s, rel=0.05)
+    # A small table goes on chip (URAM) and costs no HBM.
+    small = predict_lookup(card, [40_000], [64], 4096, dims=[32], rows_per_table=[10_000])
+    assert small.resources["HBM_bytes"] == 0 and small.resources["URAM"] > 0
+    # Over the card's memory: the advisor must say so.
+    u50 = CARDS["u50"]
+    huge = predict_lookup(u50, [10], [64], 1, dims=[32], rows_per_table=[u50.memory_bytes // 64 + 1])
+    assert huge.resources["HBM_bytes"] > u50.memory_bytes
+
+
+class _Ranker(nn.Module):
+    def __init__(self, mlp_width: int = 32):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(5000, 16, mode="sum")
+        self.bag2 = nn.EmbeddingBag(3000, 16, mode="sum")
+        self.mlp = nn.Sequential(nn.Linear(32, mlp_width), nn.ReLU(), nn.Linear(mlp_width, 1))
+
+    def forward(self, i, o, j, p):
+        return self.mlp(torch.cat([self.bag(i, o), self.bag2(j, p)], 1))
+
+
+def _ranker_inputs(batch=64, pool=4):
+    g = torch.Generator().manual_seed(0)
+    off = torch.arange(0, batch * pool, pool)
+    return (torch.randint(0, 5000, (batch * pool,), generator=g), off, torch.randint(0, 3000, (batch * pool,), generator=g), off)
+
+
+def test_advise_measures_and_predicts_every_candidate():
+    adv = offload.advise(_Ranker().eval(), _ranker_inputs(), batch_sizes=(1, 256), card="u280", repeats=5, budget_s=0.05)
+    names = {r.name for r in adv.rows}
+    assert names == {"bag", "bag2", "mlp_0..mlp_2", "all 2 tables (batched)"}
+    assert len(adv.rows) == 4 * 2
+    for r in adv.rows:
+        assert r.host_s > 0 and r.card_s > 0 and r.verdict in ("offload", "keep")
+        assert r.fits
+        assert (r.verdict == "offload") == (r.card_s < r.host_s)
+    k = {(r.name, r.batch): r for r in adv.rows}
+    assert k[("bag", 256)].kernel_s > k[("bag", 1)].kernel_s  # 4 x more lookups
+    assert "u280" in str(adv) and "DS963" in str(adv)
+    json.dumps(adv.to_dict())  # serialisable
+    assert adv.verdict("bag", 1) == k[("bag", 1)].verdict
+    with pytest.raises(KeyError):
+        adv.verdict("nope", 1)
+
+
+def test_advise_says_keep_when_the_mlp_does_not_fit_the_card():
+    # 32 -> 4096 -> 1 at reuse 1 needs 32*4096 + 4096 = 135,168 DSPs; a U50 has 5,952.
+    adv = offload.advise(_Ranker(mlp_width=4096).eval(), _ranker_inputs(), batch_sizes=(64,), card="u50", ops=("mlp",), repeats=3, budget_s=0.02)
+    (row,) = adv.rows
+    assert not row.fits and row.verdict == "keep" and "DSP" in row.why
+
+
+def test_advise_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="batch_sizes"):
+        offload.advise(_Ranker(), _ranker_inputs(), batch_sizes=(0,))
+    with pytest.raises(ValueError, match="fmt"):
+        offload.advise(_Ranker(), _ranker_inputs(), fmt="float16")
+
+
+def test_model_against_the_real_hls_report():
+    """Predicted worst-case latency and DSPs of the hls4ml autoencoder's convolutions (Vivado HLS 2019.2
+    report) within a factor 2 of the report: the model is an estimate, but it must be of the right size."""
+    rpt = find_fixture()
+    if rpt is None:
+        pytest.skip("HLS report fixtures not found (../shared/fixtures/hls-reports)")
+    checks = check_autoencoder(rpt)
+    assert len(checks) == 7
+    for c in checks:
+        assert 0.5 <= c.cycles_ratio <= 2.0, c
+        assert 0.5 <= c.dsp_ratio <= 2.0, c
+    total_pred = sum(c.predicted_dsp for c in checks)
+    total_rep = sum(c.reported_dsp for c in checks)
+    assert total_rep == 118  # the report's DSP total: every DSP of the design is in a convolution
+    assert 0.8 <= total_pred / total_rep <= 1.25
+
+
+def test_cli_advise_json():
+    res = CliRunner().invoke(main, ["advise", "risk", "--batch-sizes", "1,32", "--card", "u250", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["card"]["name"] == "u250" and data["batch_sizes"] == [1, 32]
+    assert {r["kind"] for r in data["rows"]} == {"mlp"} and len(data["rows"]) == 2
+    bad = CliRunner().invoke(main, ["advise", "risk", "--batch-sizes", "0"])
+    assert bad.exit_code != 0 and "batch" in bad.output
+    unknown = CliRunner().invoke(main, ["advise", "nosuchmodel"])
+    assert unknown.exit_code != 0 and "nosuchmodel" in unknown.output
