@@ -388,5 +388,104 @@ def _embedding_entries() -> list[Entry]:
     ]
 
 
+# ---------------------------------------------------------------- MLP entries
+#
+# Precision profiles: (input, weight, bias, accum, result) ap_types types. "wrap" keeps hls4ml's
+# default everywhere (ap_fixed<16,6>, AP_TRN/AP_WRAP: accumulators overflow and wrap); "sat"
+# narrows weights and results with rounding and saturation. Weights are raw random integers over
+# the weight type's whole range with its extremes present; inputs cover the input type's range,
+# exact rounding ties, and values beyond the range (the input cast wraps or saturates).
+
+_MLP_PRECISIONS = {
+    "ap_fixed16_6": ("ap_fixed<16,6>", "ap_fixed<16,6>", "ap_fixed<16,6>", "ap_fixed<32,12>", "ap_fixed<16,6>"),
+    "ap_fixed8_3": ("ap_fixed<16,6>", "ap_fixed<8,3>", "ap_fixed<8,3>", "ap_fixed<24,10>", "ap_fixed<12,4,AP_RND,AP_SAT>"),
+    "ap_fixed16_6-wrap": ("ap_fixed<16,6>", "ap_fixed<16,6>", "ap_fixed<16,6>", "ap_fixed<16,6>", "ap_fixed<16,6>"),
+    "ap_fixed10_4-sat": ("ap_fixed<12,4,AP_RND_CONV,AP_SAT>", "ap_fixed<10,2,AP_RND_CONV,AP_SAT>", "ap_fixed<10,4,AP_RND_CONV,AP_SAT>",
+                         "ap_fixed<28,10,AP_RND_CONV,AP_SAT>", "ap_fixed<10,4,AP_RND_CONV,AP_SAT>"),
+}
+
+
+def _mlp(arch: str, precision: str, reuse: int, act: str, *, out_act: str | None = None, batch: int = 24) -> Entry:
+    name = f"mlp/{arch}/{precision}/r{reuse}/{act}" + (f"+{out_act}" if out_act else "")
+    params = {"arch": arch, "precision": precision, "reuse": reuse, "act": act, "out_act": out_act, "batch": batch}
+    return Entry(name, "mlp", params, _build_mlp)
+
+
+def _raw_weights(rng: np.random.Generator, type_text: str, shape: tuple[int, ...]) -> np.ndarray:
+    from offload.sim.fixed import FixedType
+
+    t = FixedType.parse(type_text)
+    # Trained-network magnitudes (most weights well inside the range) plus both extremes once.
+    scale = min(0.5, float(t.max_float) / 4)
+    raw = np.clip(np.floor(rng.normal(0.0, scale, shape) / float(t.lsb)), int(t.min_raw), int(t.max_raw)).astype(np.int64)
+    flat = raw.reshape(-1)
+    flat[0], flat[-1] = int(t.max_raw), int(t.min_raw)
+    return raw
+
+
+def _activation_layer(name: str, op: str, n: int, result: str):
+    from offload.sim.mlp import MlpLayer
+
+    if op == "leaky_relu":
+        return MlpLayer(name, op, n, n, result, param="ap_fixed<16,6>", alpha=0.125)
+    if op in ("sigmoid", "tanh"):
+        # hls4ml's defaults: an ap_fixed<18,8> table of 1024 entries.
+        return MlpLayer(name, op, n, n, result, table="ap_fixed<18,8>", table_size=1024)
+    return MlpLayer(name, op, n, n, result)
+
+
+def _build_mlp(e: Entry, rng: np.random.Generator) -> Case:
+    from offload.kernels import Kernel
+    from offload.kernels.mlp import MlpSpec
+    from offload.sim.fixed import FixedType
+    from offload.sim.mlp import MlpLayer
+
+    p = e.params
+    in_t, w_t, b_t, acc_t, res_t = _MLP_PRECISIONS[p["precision"]]
+    parts = p["arch"].split("-")
+    n_features = int(parts[0])
+    layers, consts = [], {}
+    width = n_features
+    dense = [x for x in parts[1:]]
+    for i, tok in enumerate(dense):
+        last = i == len(dense) - 1
+        if tok == "bn":
+            name = f"bn{i}"
+            layers.append(MlpLayer(name, "batchnorm", width, width, res_t, scale=w_t, bias=b_t))
+            consts[f"{name}.scale"] = _raw_weights(rng, w_t, (width,))
+            consts[f"{name}.bias"] = _raw_weights(rng, b_t, (width,))
+            continue
+        n_out = int(tok)
+        name = f"fc{i}"
+        layers.append(MlpLayer(name, "dense", width, n_out, res_t, weight=w_t, bias=b_t, accum=acc_t))
+        consts[f"{name}.weight"] = _raw_weights(rng, w_t, (width, n_out))
+        consts[f"{name}.bias"] = _raw_weights(rng, b_t, (n_out,))
+        width = n_out
+        act = p["out_act"] if last else p["act"]
+        if act:
+            layers.append(_activation_layer(f"{act}{i}", act, width, res_t))
+    spec = MlpSpec(n_features=n_features, input_type=in_t, layers=tuple(layers), constants=consts, reuse_factor=p["reuse"])
+    kernel = Kernel(e.name.replace("/", "_"), spec, spec.tensors())
+
+    it = FixedType.parse(in_t)
+    lo, hi, lsb = float(it.min_float), float(it.max_float), float(it.lsb)
+    B = p["batch"]
+    x = rng.uniform(lo / 4, hi / 4, (B, n_features))
+    x[0], x[1], x[2] = hi, lo, 0.0
+    x[3] = (rng.integers(-64, 64, n_features) + 0.5) * lsb  # ties of the input cast's rounding
+    x[4] = rng.uniform(hi, 2 * hi, n_features) * rng.choice([-1, 1], n_features)  # beyond the range
+    x[5] = rng.uniform(-1, 1, n_features) * lsb * 3  # a few lsb around zero
+    return Case(kernel, {"x": x})
+
+
 def _mlp_entries() -> list[Entry]:
-    return []
+    return [
+        _mlp("16-8-1", "ap_fixed16_6", 1, "relu"),
+        _mlp("16-8-1", "ap_fixed8_3", 2, "relu"),
+        _mlp("32-16-8-1", "ap_fixed16_6", 4, "relu"),
+        _mlp("16-16-4", "ap_fixed16_6-wrap", 1, "leaky_relu"),
+        _mlp("16-8-1", "ap_fixed16_6", 1, "relu", out_act="sigmoid"),
+        _mlp("12-8-2", "ap_fixed10_4-sat", 1, "tanh"),
+        _mlp("16-bn-8-1", "ap_fixed16_6", 2, "relu", out_act="sigmoid"),
+        _mlp("8-4", "ap_fixed8_3", 1, "tanh", out_act="tanh"),
+    ]
