@@ -145,6 +145,7 @@ class XrtDevice(BufferedDevice):
         with st.lock:
             cu: _Cu = next(st.next_cu)
         taken = []
+        reuse = True
         try:
             call_args: list[Any] = []
             outs: list[tuple[str, np.ndarray, Any]] = []
@@ -166,6 +167,8 @@ class XrtDevice(BufferedDevice):
                         outs.append((a.name, host, bo))
             run = cu.kernel(*call_args)
             state = run.wait(int(timeout * 1000)) if timeout is not None else run.wait()
+            # A timed-out run may still be writing its buffers: they must not serve another call.
+            reuse = state != pyxrt.ert_cmd_state.ERT_CMD_STATE_TIMEOUT
             self._check_state(loaded, cu, state, timeout)
             result = {}
             for name, host, bo in outs:
@@ -174,8 +177,9 @@ class XrtDevice(BufferedDevice):
                 result[name] = raw.view(np.uint8).view(host.dtype).reshape(host.shape)
             return result
         finally:
-            for key, bo in taken:
-                self._pool.release(key, bo)
+            if reuse:
+                for key, bo in taken:
+                    self._pool.release(key, bo)
 
     def _check_state(self, loaded: Loaded, cu: _Cu, state: Any, timeout: float | None) -> None:
         s = self._pyxrt.ert_cmd_state

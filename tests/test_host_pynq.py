@@ -82,3 +82,23 @@ def test_invalid_input_never_reaches_the_card(fakes, tmp_path):
     with pytest.raises(ValueError, match="x: shape"):
         dev.run(h, {"x": np.zeros((3, 5), np.int32)})
     assert pynq.stats == before
+
+
+@pytest.mark.hardware
+def test_real_card_through_pynq():
+    """On a host with PYNQ 3.x, XRT <= 2.16 and an Alveo card: the card opens and reports itself."""
+    from pathlib import Path
+
+    from _host_util import FAKES
+
+    try:
+        import pynq
+    except ImportError:
+        pytest.skip("pynq is not installed")
+    if Path(pynq.__file__).resolve().parent.parent == FAKES:
+        pytest.skip("only the test stand-in of pynq is importable")
+    if not list(pynq.Device.devices):
+        pytest.skip("PYNQ enumerates no card on this host")
+    dev = open_device("pynq:0")
+    assert dev.info().details["card"]
+    dev.close()
