@@ -136,3 +136,78 @@ def split_raw(raw: np.ndarray, t):
     neg = r < 0
     u = r.view(_U64)
     return neg, np.where(neg, _U64(0) - u, u)
+
+
+# -- fast paths: exact results with fewer passes where the operands allow it ----------------------
+def round_float(y: np.ndarray, mode: str, inplace: bool = False) -> np.ndarray:
+    """Round float64 ``y`` (already scaled to LSB units, exact) to an integer-valued float64, exactly.
+
+    ``np.rint`` is IEEE round-half-even; ``d = y - rint(y)`` is exact (Sterbenz, or r == 0) and in
+    [-1/2, 1/2], so the ties of the other modes are the elements with ``|d| == 1/2``.
+    """
+    out = y if inplace else None
+    if mode == "AP_TRN":
+        return np.floor(y, out=out)
+    if mode == "AP_TRN_ZERO":
+        return np.trunc(y, out=out)
+    if mode == "AP_RND_CONV":
+        return np.rint(y, out=out)
+    r = np.rint(y)
+    d = y - r
+    up, down = d == 0.5, d == -0.5  # y is a tie just above / below r
+    if mode == "AP_RND":
+        return r + up
+    if mode == "AP_RND_MIN_INF":
+        return r - down
+    if mode == "AP_RND_ZERO":
+        return r + (up & (r < 0)) - (down & (r > 0))
+    if mode == "AP_RND_INF":
+        return r + (up & (r >= 0)) - (down & (r <= 0))
+    raise ValueError(f"unknown rounding mode {mode!r}")
+
+
+def round_shift_int64(raw: np.ndarray, s: int, mode: str) -> np.ndarray:
+    """Exact rounding of ``raw * 2**-s`` (int64 raw, 1 <= s <= 62) to int64 with ``mode``."""
+    fl = raw >> np.int64(s)  # arithmetic shift: floor
+    if mode == "AP_TRN":
+        return fl
+    rem = raw & np.int64((1 << s) - 1)  # raw - fl * 2**s, in [0, 2**s)
+    half = np.int64(1 << (s - 1))
+    if mode == "AP_TRN_ZERO":
+        return fl + ((raw < 0) & (rem != 0))
+    if mode == "AP_RND":
+        return fl + (rem >= half)
+    if mode == "AP_RND_MIN_INF":
+        return fl + (rem > half)
+    tie = rem == half
+    if mode == "AP_RND_ZERO":
+        return fl + ((rem > half) | (tie & (raw < 0)))
+    if mode == "AP_RND_INF":
+        return fl + ((rem > half) | (tie & (raw >= 0)))
+    if mode == "AP_RND_CONV":
+        return fl + ((rem > half) | (tie & ((fl & 1) != 0)))
+    raise ValueError(f"unknown rounding mode {mode!r}")
+
+
+def fit_int64(q: np.ndarray, t, inplace: bool = False) -> np.ndarray:
+    """Fit exact int64 integers ``q`` into ``t`` (whose raw dtype is int64) with its overflow mode."""
+    w, lo, hi = t.width, t.min_raw, t.max_raw
+    o = t.overflow
+    if o == "AP_WRAP" and t.sat_bits:
+        neg = q < 0
+        u = q.view(_U64)
+        return fit(neg, np.where(neg, _U64(0) - u, u), np.zeros(q.shape, bool), t)
+    if o == "AP_WRAP":
+        if w == 64:
+            return q
+        p = np.bitwise_and(q, np.int64((1 << w) - 1), out=q if inplace else None)
+        if t.signed:
+            sign = np.int64(1 << (w - 1))
+            p ^= sign
+            p -= sign
+        return p
+    if o == "AP_SAT_ZERO":
+        return np.where((q > hi) | (q < lo), np.int64(0), q)
+    if o == "AP_SAT_SYM" and t.signed and w > 1:
+        lo += 1
+    return np.clip(q, lo, hi, out=q if inplace else None)
