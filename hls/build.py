@@ -112,6 +112,7 @@ class ProjectKernel:
     compute_units: list[str]
     slr: dict[str, str]  # CU -> SLRn
     banks: dict[str, dict[str, str]]  # CU -> argument -> bank
+    spec: dict = field(default_factory=dict)  # spec.to_json() of the kernel this top was generated from
 
 
 @dataclass
@@ -341,7 +342,7 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
             raise ValueError(f"compute_units: {top} needs at least 1, got {n}")
         args = hk.top_args(k.spec)
         placed = _kind_placement(card, k, args, n)
-        pk = ProjectKernel(top, k.kind, [kname], sorted(srcs), *(placed or ([], {}, {})))
+        pk = ProjectKernel(top, k.kind, [kname], sorted(srcs), *(placed or ([], {}, {})), spec=k.spec.to_json())
         if not placed:
             generic.append((pk, args, n))
         by_top[top] = pk

@@ -186,6 +186,12 @@ if os.environ.get("FAKE_VPP_FAIL") == mode:
 os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 if mode == "c":
     open(out, "wb").write(b"PK fake xo")
+elif os.environ.get("FAKE_VPP_XCLBIN") == "json":
+    # The JSON xclbin stand-in that tests/fakes/pyxrt.py runs (a test artifact, not an xclbin).
+    import json
+    proj = json.load(open("project.json"))
+    kernels = [{"name": k["top"], "kind": k["kind"], "spec": k["spec"], "cus": k["compute_units"]} for k in proj["kernels"]]
+    json.dump({"format": "offload-test-fake-xclbin", "uuid": os.environ["FAKE_VPP_UUID"], "xsa": proj["platform"], "kernels": kernels}, open(out, "w"))
 else:
     head = bytearray(b"\xff" * 448)
     head[:8] = b"xclbin2\0"
@@ -237,3 +243,32 @@ def test_cli_build_vitis_records_the_xclbin(bundle_dir, tmp_path, fake_vpp):
     b.xclbin.write_bytes(data[:-1] + b"\0")
     with pytest.raises(ValueError, match="offload.xclbin does not match its sha256"):
         load(bundle_dir)
+
+
+def test_save_build_record_and_run_on_the_card_stand_in(tmp_path, fake_vpp, monkeypatch):
+    """The whole flow: save -> offload build --vitis (fake v++ emitting the JSON xclbin stand-in)
+    -> offload info -> the bundle runs on the xrt backend (pyxrt stand-in) exactly like sim."""
+    from _host_util import FAKES, assert_same
+    from offload.host import open_device
+
+    ks = [sa.make_kernel("a", n=8, scale=3), _embedding_kernel()]
+    p = save(ks, tmp_path / "m.offload")
+    monkeypatch.setenv("FAKE_VPP_XCLBIN", "json")
+    monkeypatch.syspath_prepend(str(FAKES))
+    monkeypatch.delitem(sys.modules, "pyxrt")  # the fixture blocked it; now the stand-in
+    try:
+        r = CliRunner().invoke(main, ["build", str(p), "--target", "u280", "--out", str(tmp_path / "prj"), "--vitis", "--cus", "2"])
+        assert r.exit_code == 0, r.output
+        b = load(p)
+        assert b.xclbin_uuid == fake_vpp and b.target == "u280"
+        r = CliRunner().invoke(main, ["info", str(p)])
+        assert fake_vpp in r.output and "u280" in r.output
+        dev, sim = open_device("xrt:0"), open_device("sim")
+        hx, hs = dev.load_bundle(b), sim.load_bundle(b)
+        inputs = {"a": sa.make_inputs(n=8, batch=3), b.kernels[ks[1].name].name: hb.golden_inputs(ks[1].spec, np.random.default_rng(1), 1)}
+        for name, inp in inputs.items():
+            for _ in range(2):
+                assert_same(dev.run(hx[name], inp), sim.run(hs[name], inp))
+        dev.close()
+    finally:
+        sys.modules.pop("pyxrt", None)
