@@ -1,0 +1,73 @@
+"""The main demo (``offload demo``, README's first command): short sections, each checked for real.
+
+Each section is a function ``(console) -> bool`` (False: the section found a mismatch) listed in
+:data:`SECTIONS`; add a section by writing one and appending it there. :func:`run_demo` runs them
+all in order and exits non-zero when any fails.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["SECTIONS", "run_demo", "section_fixed_point"]
+
+
+def section_fixed_point(console: Console) -> bool:
+    """Quantize a few values into ap_fixed formats with offload.sim, then re-check them in C++ ap_types."""
+    from offload.hls import csim
+    from offload.hls.fixed_proof import Case, run_cases
+    from offload.sim import FixedType
+
+    console.rule("[bold]Fixed-point: offload.sim.FixedType vs ap_types")
+    formats = [
+        FixedType.parse("ap_fixed<16,6,AP_RND_CONV,AP_SAT>"),
+        FixedType.parse("ap_fixed<8,3,AP_RND,AP_SAT_SYM>"),
+        FixedType.parse("ap_ufixed<8,4>"),
+    ]
+    # ties of ap_fixed<8,3> (81.5 and -1.5 LSBs), a value past saturation (wraps in ap_ufixed), tiny, far out
+    values = np.array([0.1, -3.14159, 2.546875, -0.046875, 17.75, 1e-9, -1e3])
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("value", "format", "raw", "back", "error"):
+        table.add_column(name, justify="left" if name == "format" else "right", no_wrap=True)
+    raws = [t.quantize(values) for t in formats]
+    for i, v in enumerate(values):
+        for k, t in enumerate(formats):
+            back = t.to_float(raws[k][i])
+            table.add_row(f"{v:.7g}" if k == 0 else "", str(t), str(raws[k][i]), f"{back:.6g}", f"{back - v:+.2g}", end_section=k == len(formats) - 1)
+    console.print(table)
+
+    try:
+        ref = run_cases([Case("quantize", (t,)) for t in formats], [values] * len(formats))
+    except csim.ToolchainMissing as e:
+        console.print(f"[yellow]C-simulation skipped: {e}")
+        return True
+    total = sum(r.size for r in raws)
+    exact = sum(int(np.sum(r == ref_raw)) for r, (ref_raw, _) in zip(raws, ref))
+    colour = "green" if exact == total else "red"
+    console.print(f"[{colour}]C-simulation: {exact}/{total} bit-exact[/] (same values through ap_types, g++)")
+    return exact == total
+
+
+SECTIONS: list[Callable[[Console], bool]] = [section_fixed_point]
+
+
+def run_demo(console: Console | None = None) -> None:
+    """Run every section; exit with status 1 if any reports a mismatch."""
+    console = console or Console()
+    failed = []
+    for section in SECTIONS:
+        t0 = time.perf_counter()
+        ok = section(console)
+        console.print(f"[dim]{section.__name__}: {'ok' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f} s[/]")
+        if not ok:
+            failed.append(section.__name__)
+    if failed:
+        console.print(f"[bold red]demo failed: {', '.join(failed)}")
+        sys.exit(1)
