@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as _FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
@@ -194,7 +194,3 @@ class BufferedDevice:
         except _FutureTimeout:
             raise DeviceTimeout(f"{what} did not finish within {timeout:g} s on device {self.name!r}") from None
 
-
-def pointer_args(args: Sequence[KernelArg]) -> list[tuple[int, KernelArg]]:
-    """(index, arg) of every pointer (non-scalar) argument, in call order."""
-    return [(i, a) for i, a in enumerate(args) if a.role != "scalar"]

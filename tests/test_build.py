@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from _host_util import sa
 from offload.cli import main
 from offload.hls import build as hb
-from offload.hls.registry import HlsKind, get_hls_kind, register_hls_kind
+from offload.hls.registry import get_hls_kind, register_hls_kind
 from offload.host.bundle import Bundle, load, save
-from offload.kernels.registry import KernelKind, get_kind, register_kind
+from offload.kernels.registry import get_kind, register_kind
 
 hb.register_input_generator(sa.KIND, lambda spec, rng, case: sa.make_inputs(spec.n, 3 + case, int(rng.integers(1 << 30))))
 
