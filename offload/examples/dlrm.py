@@ -202,6 +202,8 @@ class DLRMResult:
     outputs_device: str
     n_eval: int
     offloaded: Any = field(repr=False, default=None)
+    model: Any = field(repr=False, default=None)
+    test_data: Any = field(repr=False, default=None)
 
     def summary(self) -> str:
         c = self.comparison
@@ -229,7 +231,7 @@ def run(small: bool = False, device: str = "sim", dense_device: str = "cpu", n_e
         p_float = model(*test.inputs)
         p_off = gm(*test.inputs)
     return DLRMResult(gm.offload_report, cmp, auc(test.labels.cpu(), p_float.cpu()), auc(test.labels.cpu(), p_off.cpu()),
-                      str(p_off.device), n_eval, gm)
+                      str(p_off.device), n_eval, gm, model, test)
 
 
 def main() -> None:  # pragma: no cover - exercised by examples/dlrm.py and the demo
