@@ -65,7 +65,7 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
             raise click.ClickException(f"C-simulation failed: {e}") from None
     t = Table(title="C-simulation vs reference")
     for col in ("kernel", "top function", "cases", "elements", "mismatches"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for r in results:
         t.add_row(r.kernel, r.top, str(r.cases), str(r.compared), ("[green]0" if r.mismatches == 0 else f"[red]{r.mismatches}"))
     con.print(t)
@@ -88,7 +88,7 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
     if reports:
         rt = Table(title="C-synthesis estimates")
         for col in ("top function", "latency (cycles)", "II", "LUT", "FF", "DSP", "BRAM_18K", "URAM"):
-            rt.add_column(col)
+            rt.add_column(col, overflow="fold")
         for top, r in reports.items():
             res = r.get("resources", {}) or {}
             rt.add_row(top, str(r.get("latency_max", "")), str(r.get("interval_min", "")), *(str(res.get(k, "")) for k in ("LUT", "FF", "DSP", "BRAM_18K", "URAM")))
@@ -195,7 +195,7 @@ def info_cmd(bundle: str, as_json: bool) -> None:
         con.print("meta: " + ", ".join(f"{k}={v}" for k, v in b.meta.items()), markup=False)
     t = Table(title="kernels")
     for col in ("kernel", "kind", "formats", "tensors", "size", "target"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for r in rows:
         tens = ", ".join(f"{n} {tuple(d['shape'])} {d['dtype']}" for n, d in r["tensors"].items())
         cells = (r["kernel"], r["kind"], ", ".join(r["formats"]) or "-", tens, _size(r["bytes"]), b.target or "- (no xclbin)")
@@ -314,7 +314,7 @@ def devices_cmd(as_json: bool) -> None:
 
     t = Table(title="offload devices")
     for col in ("backend", "status", "devices", "details"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for f in found:
         t.add_row(f["backend"], "[green]available" if f["available"] else "[red]unavailable", escape("\n".join(f["devices"]) or "-"), escape(f["why"]))
     _console().print(t)
