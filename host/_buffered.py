@@ -108,7 +108,12 @@ class BufferedDevice:
                 if a.name not in packed:
                     raise DeviceError(f"kernel {kernel.name!r}: pack_resident gave no buffer for resident argument {a.name!r}")
                 resident[a.name] = host_array(kernel.name, a, packed[a.name])
-        loaded.state = self._upload(loaded, resident)
+        try:
+            loaded.state = self._upload(loaded, resident)
+        except (DeviceError, TypeError, ValueError):
+            raise
+        except Exception as e:  # a g++ build error, an XRT/PYNQ RuntimeError: name the kernel and device
+            raise DeviceError(f"kernel {kernel.name!r} ({loaded.top}): cannot load on device {self.name!r}: {e}") from e
         with self._lock:
             self._check_open()
             self._loaded.append(loaded)

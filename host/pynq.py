@@ -95,7 +95,10 @@ class PynqDevice(BufferedDevice):
             if found is None or found.lower() != expected_uuid.lower():
                 raise DeviceError(f"xclbin {path}: UUID {found} does not match the bundle's recorded UUID {expected_uuid}")
         with self._lock:
-            self._ol = self._pynq.Overlay(str(path), device=self._dev)
+            try:
+                self._ol = self._pynq.Overlay(str(path), device=self._dev)
+            except Exception as e:
+                raise DeviceError(f"xclbin {path}: PYNQ cannot program {self.name!r} with it: {e}") from e
             self._xclbin = Path(path)
             self._compute_units = {k: list(v) for k, v in (compute_units or {}).items()}
 

@@ -88,12 +88,18 @@ class XrtDevice(BufferedDevice):
     def load_xclbin(self, path: str | os.PathLike, expected_uuid: str | None = None, compute_units: Mapping[str, list[str]] | None = None) -> str:
         """Program the card with ``path``; refuses an xclbin whose UUID differs from ``expected_uuid``."""
         pyxrt = self._pyxrt
-        xb = pyxrt.xclbin(str(path))
+        try:
+            xb = pyxrt.xclbin(str(path))
+        except Exception as e:  # pyxrt raises RuntimeError for an unreadable file
+            raise DeviceError(f"xclbin {path}: XRT cannot read it: {e}") from e
         found = xb.get_uuid().to_string()
         if expected_uuid and found.lower() != expected_uuid.lower():
             raise DeviceError(f"xclbin {path}: UUID {found} does not match the bundle's recorded UUID {expected_uuid}; rebuild or re-record the bundle")
         with self._lock:
-            self._uuid = self._dev.load_xclbin(xb)
+            try:
+                self._uuid = self._dev.load_xclbin(xb)
+            except Exception as e:
+                raise DeviceError(f"xclbin {path}: XRT cannot program {self.name!r} with it: {e}") from e
             self._xclbin = Path(path)
             self._xclbin_kernels = [k.get_name() for k in xb.get_kernels()]
             self._compute_units = {k: list(v) for k, v in (compute_units or {}).items()}

@@ -124,3 +124,19 @@ def test_sim_equals_emu_over_catalogue(entry, devs):
     case = entry.build()
     he, hs = emu.load(case.kernel), sim.load(case.kernel)
     assert_same(emu.run(he, case.inputs), sim.run(hs, case.inputs))
+
+
+def test_kernel_that_does_not_compile_is_a_device_error(monkeypatch):
+    """A g++ error in a kind's generated C++ surfaces at load as a DeviceError with g++'s own line."""
+    from dataclasses import replace
+
+    from offload.hls.registry import get_hls_kind
+
+    hk = get_hls_kind(sa.KIND)
+    broken = replace(hk, sources=lambda spec: {"bad.cpp": 'extern "C" void f() { undeclared_symbol(); }'})
+    monkeypatch.setattr("offload.host._buffered.get_hls_kind", lambda kind: broken)
+    monkeypatch.setattr("offload.hls.ctop.get_hls_kind", lambda kind: broken)
+    dev = EmuDevice()
+    with pytest.raises(DeviceError, match="(?s)kernel 'sa'.*cannot load on device 'emu'.*undeclared_symbol"):
+        dev.load(sa.make_kernel())
+    assert dev.info().details["kernels"] == []

@@ -142,3 +142,9 @@ def test_catalogue_kinds_through_xrt_and_pynq(fakes, tmp_path):
             for _ in range(2):  # both compute units
                 assert_same(dev.run(hd[c.kernel.name], c.inputs, timeout=10), sim.run(hs[c.kernel.name], c.inputs))
         dev.close()
+
+
+def test_unreadable_xclbin(fakes, tmp_path):
+    (tmp_path / "junk.xclbin").write_text("not an xclbin")
+    with pytest.raises(DeviceError, match="junk.xclbin: XRT cannot read it"):
+        open_device("xrt:0").load_xclbin(tmp_path / "junk.xclbin")
