@@ -199,7 +199,7 @@ def fit_int64(q: np.ndarray, t, inplace: bool = False) -> np.ndarray:
         return fit(neg, np.where(neg, _U64(0) - u, u), np.zeros(q.shape, bool), t)
     if o == "AP_WRAP":
         if w == 64:
-            return q
+            return q if inplace else q.copy()
         p = np.bitwise_and(q, np.int64((1 << w) - 1), out=q if inplace else None)
         if t.signed:
             sign = np.int64(1 << (w - 1))

@@ -288,8 +288,10 @@ class FixedType:
         """
         src = FixedType.parse(src)
         self._need_raw("cast")
-        a = src.check_raw(raw, "cast source")
-        neg, mag = _c.split_raw(a, src)
+        return self._cast_valid(src.check_raw(raw, "cast source"), src)
+
+    def _cast_valid(self, a: np.ndarray, src: "FixedType") -> np.ndarray:
+        """cast() of raw values already checked against ``src`` (and in its raw dtype)."""
         if self.is_int and not src.is_int:
             if src.integer < 0:
                 raise ValueError(
@@ -297,6 +299,7 @@ class FixedType:
                     "cast through an ap_fixed type with I >= 0 first"
                 )
             if src.integer == 0:
+                neg = (a < 0) if a.dtype == np.int64 else np.zeros(a.shape, bool)
                 pattern = np.where(neg, np.uint64(0xFFFFFFFFFFFFFFFF), np.uint64(0)) & _c.low_mask(self.width)
                 return _c.to_raw(pattern, self)
             mode = "AP_TRN_ZERO"
@@ -310,6 +313,7 @@ class FixedType:
                 return _c.fit_int64(_c.round_shift_int64(a, shift, mode), self)
             if shift < 0 and src.width - shift <= 63:  # raw << -shift cannot leave int64
                 return _c.fit_int64(a << np.int64(-shift), self)
+        neg, mag = _c.split_raw(a, src)
         rs = np.int64(shift)
         neg, q, big = _c.round_exact(neg, mag, np.full(a.shape, rs), False, mode)
         return _c.fit(neg, q, big, self)
@@ -420,7 +424,9 @@ def accumulate(x_raw, x_t, acc_t, axis: int = -1, init=None) -> np.ndarray:
         return _c.to_raw(total & _c.low_mask(acc_t.width), acc_t)
     st = add_type(acc_t, x_t)
     _need(st, "+", acc_t, x_t)
+    dt = st.raw_dtype
+    xs = x.astype(dt) << dt.type(st.F - x_t.F)  # every term aligned once
+    up = dt.type(st.F - acc_t.F)
     for k in range(x.shape[-1]):
-        s, st = add(acc, acc_t, x[..., k], x_t)
-        acc = acc_t.cast(s, st)
+        acc = acc_t._cast_valid((acc.astype(dt) << up) + xs[..., k], st)  # acc = acc + x[k]
     return acc
