@@ -603,6 +603,12 @@ def regenerate(selection: Iterable[Entry] | Iterable[str] | str | None = None, *
     prune = (selection is None) if prune is None else prune
 
     def one(e: Entry) -> tuple[Entry, Golden | None, dict[str, Any]]:
+        try:
+            return _regenerate_one(e)
+        except Exception as ex:  # noqa: BLE001 - reported against the entry; the others still regenerate
+            return e, None, {"error": f"{type(ex).__name__}: {ex}"}
+
+    def _regenerate_one(e: Entry) -> tuple[Entry, Golden | None, dict[str, Any]]:
         case = e.build()
         k = case.kernel
         kind = get_kind(k.kind)

@@ -107,6 +107,27 @@ def test_synthesis_tcl_commands_in_order():
     assert "cosim_design" not in R.synthesis_tcl("t", ["k.cpp"], part="p", clock_ns=4)
 
 
+def test_report_paths():
+    from offload._cli_regress import _report_paths
+
+    assert _report_paths("out/r") == (Path("out/r.json"), Path("out/r.md"))
+    assert _report_paths("out/r.json") == (Path("out/r.json"), Path("out/r.md"))
+    assert _report_paths("out/") == (Path("out/regress.json"), Path("out/regress.md"))
+
+
+def test_regenerate_reports_a_broken_entry_and_writes_the_others(tmp_path, monkeypatch):
+    good = C.entries(PICK[0])[0]
+
+    def boom(entry, rng):
+        raise ValueError("table t0: bad format")
+
+    bad = C.Entry("emb/broken", "embedding", {}, boom)
+    changes = R.regenerate([good, bad], root=tmp_path)
+    assert changes[good.name] == {"new": True}
+    assert "ValueError: table t0: bad format" in changes["emb/broken"]["error"]
+    assert set(C.read_index(tmp_path)) == {good.name}
+
+
 def test_selection_patterns():
     names = [e.name for e in C.entries("emb/max/")]
     assert names and all(n.startswith("emb/max/") for n in names)
