@@ -43,6 +43,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from offload.sim import _fixed_core as _core
 from offload.sim.fixed import FixedType, accumulate, add, mul, mul_type
 
 __all__ = [
@@ -187,6 +188,24 @@ def _table_index(x: np.ndarray, xt: FixedType, op: str, n: int) -> np.ndarray:
 
 
 # -- layers --------------------------------------------------------------------------------------
+def _cast(t: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray:
+    """``t.cast(raw, src)`` for int64 raws already known to lie in ``src``'s range.
+
+    The hot path of every layer: it skips FixedType.cast's range check and sign/magnitude split
+    (the values come from this module's own exact arithmetic) and goes straight to the int64
+    shift-rounding and overflow primitives FixedType.cast itself uses for these cases.
+    """
+    if raw.dtype == np.int64 and t.raw_dtype == np.int64 and not t.is_int and not src.is_int:
+        shift = src.F - t.F
+        if shift == 0:
+            return _core.fit_int64(raw, t)
+        if 1 <= shift <= 62:
+            return _core.fit_int64(_core.round_shift_int64(raw, shift, t.rounding), t, inplace=True)
+        if shift < 0 and src.width - shift <= 63:
+            return _core.fit_int64(raw << np.int64(-shift), t, inplace=True)
+    return t.cast(raw, src)
+
+
 def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
     wt = FixedType.parse(layer.weight)
     at = FixedType.parse(layer.accum)
@@ -194,7 +213,7 @@ def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, 
     w = np.asarray(tensors[f"{layer.name}.weight"], dtype=np.int64)  # [n_in, n_out]
     if layer.use_bias:
         bt = FixedType.parse(layer.bias)
-        acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), bt)
+        acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), bt)  # checked once
     else:
         acc0 = np.zeros(layer.n_out, dtype=np.int64)
     pt = mul_type(xt, wt)
@@ -205,14 +224,18 @@ def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, 
         # sum can leave accum_t's range (bound taken from this batch's own inputs) the saturating /
         # wrapping steps are all identities and the result is an exact integer matrix product.
         xmax = np.abs(x).max(axis=0).astype(np.float64)  # per input feature
-        bound = (xmax @ np.abs(w).astype(np.float64)) * float(1 << shift) + np.abs(acc0).astype(np.float64)
-        if float(bound.max(initial=0.0)) < min(float(at.max_raw), 2.0**52):
-            if float((xmax @ np.abs(w).astype(np.float64)).max(initial=0.0)) < 2.0**52:
-                s = x.astype(np.float64) @ w.astype(np.float64)  # exact: every partial sum < 2**52
-                acc = s.astype(np.int64) * (1 << shift) + acc0
-            else:  # pragma: no cover - guarded above
-                acc = (x @ w) * (1 << shift) + acc0
-            return rt.cast(acc, at)
+        prod_bound = float((xmax @ np.abs(w).astype(np.float64)).max(initial=0.0))
+        acc_bound = prod_bound * float(1 << shift) + float(np.abs(acc0).max(initial=0))
+        if acc_bound <= float(at.max_raw) and prod_bound < 2.0**52:
+            # Every partial sum of integers is an integer no larger than prod_bound, so a float
+            # matrix product is exact whatever order BLAS adds in: float32 below 2**24, else float64.
+            ft = np.float32 if prod_bound < 2.0**24 else np.float64
+            s = x.astype(ft) @ w.astype(ft)
+            acc = s.astype(np.int64)
+            if shift:
+                acc <<= np.int64(shift)
+            acc += acc0
+            return _cast(rt, acc, at)
     # Exact path: cast every product into accum_t, accumulate input by input.
     n_in, n_out = w.shape
     rows = max(1, _ROW_BLOCK_ELEMS // max(1, n_in * n_out))
@@ -220,9 +243,9 @@ def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, 
     for r0 in range(0, x.shape[0], rows):
         xb = x[r0 : r0 + rows]
         prod, _ = mul(xb[:, :, None], xt, w[None, :, :], wt)  # [b, n_in, n_out]
-        terms = at.cast(prod, pt)
+        terms = _cast(at, prod, pt)
         acc = accumulate(terms, at, at, axis=1, init=np.broadcast_to(acc0, (xb.shape[0], n_out)))
-        out[r0 : r0 + rows] = rt.cast(acc, at)
+        out[r0 : r0 + rows] = _cast(rt, acc, at)
     return out
 
 
@@ -232,22 +255,23 @@ def _batchnorm(x, xt, layer, tensors):
     rt = FixedType.parse(layer.result)
     prod, pt = mul(x, xt, np.asarray(tensors[f"{layer.name}.scale"], dtype=np.int64), st)
     s, sumt = add(prod, pt, np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), bt)
-    return rt.cast(s, sumt)
+    return _cast(rt, s, sumt)
 
 
 def _activation(x, xt, layer):
     rt = FixedType.parse(layer.result)
     if layer.op == "relu":
-        return np.where(x > 0, rt.cast(x, xt), 0).astype(rt.raw_dtype)
+        # (result_t)0 is 0 in every mode, so clamping first and casting once is the same.
+        return _cast(rt, np.maximum(x, 0), xt)
     if layer.op == "leaky_relu":
         ptype = FixedType.parse(layer.param)
         alpha = ptype.quantize(np.float64(layer.alpha))
         prod, pt = mul(np.broadcast_to(alpha, x.shape), ptype, x, xt)
-        return np.where(x > 0, rt.cast(x, xt), rt.cast(prod, pt)).astype(rt.raw_dtype)
+        return np.where(x > 0, _cast(rt, x, xt), _cast(rt, prod, pt)).astype(rt.raw_dtype, copy=False)
     n = int(layer.table_size)
     table = activation_table(layer.op, n, layer.table)
     idx = _table_index(x, xt, layer.op, n)
-    return rt.cast(table[idx], FixedType.parse(layer.table))
+    return _cast(rt, table[idx], FixedType.parse(layer.table))
 
 
 def forward(

@@ -1,0 +1,83 @@
+"""Benchmark: the bit-exact MLP simulator against hls4ml's C-simulation and the float torch model.
+
+One model (32-64-32-1: Linear, ReLU, Linear, ReLU, Linear, Sigmoid), one process, the same rows
+for every contender. Reports rows per second of ``MLP.simulate`` (the sim device's reference),
+of hls4ml's ``predict`` on the compiled project of the same types, and of the float torch model,
+as ratios; plus the simulator's batch-1 latency. Also checks the simulator equals hls4ml on
+every row (a benchmark of a wrong simulator is worthless).
+
+Run::
+
+    .venv/bin/python bench/bench_mlp.py [--rows 20000] [--precision auto|'ap_fixed<16,6>']
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+import offload
+
+
+def _model(seed: int = 0) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
+        torch.nn.Linear(32, 1), torch.nn.Sigmoid(),
+    ).eval()
+
+
+def _rate(fn, rows: int, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return rows / best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=20000)
+    ap.add_argument("--precision", default="auto")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    seq = _model()
+    calib = rng.normal(size=(4000, 32))
+    x = rng.normal(size=(args.rows, 32)) * 1.5
+    mlp = offload.nn.MLP.from_float(seq, calib=calib, precision=args.precision)
+    with tempfile.TemporaryDirectory() as d:
+        h = mlp.to_hls4ml(d)
+        t0 = time.perf_counter()
+        h.compile()
+        compile_s = time.perf_counter() - t0
+        y_hls = np.asarray(h.predict(x)).reshape(args.rows, -1)
+        y_sim = mlp.simulate(x)
+        mismatches = int((y_hls != y_sim).sum())
+        r_hls = _rate(lambda: h.predict(x), args.rows, args.repeats)
+    r_sim = _rate(lambda: mlp.simulate(x), args.rows, args.repeats)
+    xt = torch.from_numpy(x).float()
+    with torch.no_grad():
+        r_torch = _rate(lambda: seq(xt), args.rows, args.repeats)
+    one = x[:1]
+    lat = []
+    for _ in range(300):
+        t0 = time.perf_counter()
+        mlp.simulate(one)
+        lat.append(time.perf_counter() - t0)
+    print(f"model 32-64-32-1, precision={args.precision}, rows={args.rows}, hls4ml compile {compile_s:.1f} s")
+    print(f"mismatches simulate vs hls4ml predict: {mismatches}")
+    print(f"simulator       : {r_sim:12.0f} rows/s")
+    print(f"hls4ml predict  : {r_hls:12.0f} rows/s   simulator / hls4ml = {r_sim / r_hls:.1f}x")
+    print(f"torch float     : {r_torch:12.0f} rows/s   simulator / torch  = {r_sim / r_torch:.3f}x")
+    print(f"simulator batch-1 latency: median {statistics.median(lat) * 1e6:.0f} us, p99 {np.percentile(lat, 99) * 1e6:.0f} us")
+
+
+if __name__ == "__main__":
+    main()

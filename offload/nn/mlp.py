@@ -1,0 +1,302 @@
+"""``offload.nn.MLP``: a small scoring ``torch.nn.Sequential`` as an hls4ml fixed-point kernel.
+
+The float model's layers (Linear with or without bias, ReLU, LeakyReLU, Sigmoid, Tanh,
+BatchNorm1d; Dropout and Identity vanish at inference) become an ``mlp`` kernel whose every type
+is explicit. ``forward`` runs ``torch.ops.offload.mlp_score`` on the active device; ``simulate``
+is the bit-exact NumPy model; ``to_hls4ml`` hands the same network, with the same types, to
+hls4ml (Vitis backend, io_parallel) for its C-simulation or synthesis.
+
+Example::
+
+    mlp = offload.nn.MLP.from_float(seq, calib=X_calib, precision="auto")
+    scores = mlp(torch.from_numpy(X))               # on $OFFLOAD_DEVICE (sim by default)
+    exact = mlp.simulate(X)                         # float64, bit for bit hls4ml's C-simulation
+    hls_model = mlp.to_hls4ml("build/risk_hls")     # hls_model.compile(); hls_model.predict(X)
+    print(mlp.report)
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+import offload._ops_mlp  # noqa: F401  (registers torch.ops.offload.mlp_score)
+from offload._runtime import make_resident, release_resident
+from offload.host import default_device
+from offload.kernels import Kernel
+from offload.kernels.mlp import MlpSpec, validate
+from offload.quant.ptq import (
+    DEFAULT_TABLE,
+    FloatLayer,
+    QuantReport,
+    build_layers,
+    choose_precision,
+    fixed_precision,
+    quant_report,
+)
+from offload.sim.mlp import simulate as _simulate
+
+__all__ = ["MLP", "SUPPORTED_LAYERS", "float_layers"]
+
+SUPPORTED_LAYERS = ("Linear", "ReLU", "LeakyReLU", "Sigmoid", "Tanh", "BatchNorm1d", "Dropout", "Identity")
+_OP_PREFIX = {"dense": "fc", "batchnorm": "bn", "relu": "relu", "leaky_relu": "lrelu", "sigmoid": "sigmoid", "tanh": "tanh"}
+
+
+def _flatten(seq: torch.nn.Module, prefix: str = "") -> list[tuple[str, torch.nn.Module]]:
+    out = []
+    for name, child in seq.named_children():
+        path = f"{prefix}{name}"
+        if isinstance(child, torch.nn.Sequential):
+            out += _flatten(child, path + ".")
+        else:
+            out.append((path, child))
+    return out
+
+
+def _np32(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().to(torch.float32).numpy()
+
+
+def float_layers(seq: torch.nn.Module, n_features: int | None = None) -> list[FloatLayer]:
+    """The inference layers of ``seq`` with their float parameters (float32 values, as hls4ml reads them).
+
+    BatchNorm1d becomes ``x * scale + bias`` with ``scale = gamma / sqrt(var + eps)`` and
+    ``bias = beta - scale * mean`` computed in float32 NumPy, exactly as hls4ml's converter does.
+    """
+    if not isinstance(seq, torch.nn.Module):
+        raise TypeError(f"MLP.from_float needs a torch.nn.Sequential, got {type(seq).__name__}")
+    children = _flatten(seq) if isinstance(seq, torch.nn.Sequential) else [("0", seq)]
+    layers: list[FloatLayer] = []
+    width = n_features
+    for idx, (path, m) in enumerate(children):
+        name = None
+        if isinstance(m, (torch.nn.Dropout, torch.nn.Identity)):
+            continue
+        if isinstance(m, torch.nn.Linear):
+            if width is not None and m.in_features != width:
+                raise ValueError(f"layer {path!r} (Linear): in_features={m.in_features} but its input has {width} features")
+            params = {"weight": _np32(m.weight).T.copy()}
+            if m.bias is not None:
+                params["bias"] = _np32(m.bias)
+            op, n_in, n_out = "dense", m.in_features, m.out_features
+        elif isinstance(m, torch.nn.BatchNorm1d):
+            if m.running_mean is None or m.running_var is None:
+                raise ValueError(f"layer {path!r} (BatchNorm1d): needs running statistics (track_running_stats=True)")
+            if width is not None and m.num_features != width:
+                raise ValueError(f"layer {path!r} (BatchNorm1d): num_features={m.num_features} but its input has {width} features")
+            gamma = _np32(m.weight) if m.affine else 1
+            beta = _np32(m.bias) if m.affine else 0
+            scale = gamma / np.sqrt(_np32(m.running_var) + m.eps)
+            bias = beta - scale * _np32(m.running_mean)
+            params = {"scale": np.asarray(scale, dtype=np.float32), "bias": np.asarray(bias, dtype=np.float32)}
+            op, n_in, n_out = "batchnorm", m.num_features, m.num_features
+        elif isinstance(m, (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.Sigmoid, torch.nn.Tanh)):
+            if width is None:
+                raise ValueError(f"layer {path!r} ({type(m).__name__}) comes first: pass n_features")
+            op = {torch.nn.ReLU: "relu", torch.nn.LeakyReLU: "leaky_relu", torch.nn.Sigmoid: "sigmoid", torch.nn.Tanh: "tanh"}[type(m)]
+            params, n_in, n_out = {}, width, width
+        else:
+            raise TypeError(
+                f"layer {path!r} ({type(m).__name__}) is not supported by offload.nn.MLP; "
+                f"supported: {', '.join(SUPPORTED_LAYERS)}"
+            )
+        for k, v in params.items():
+            if not np.isfinite(v).all():
+                raise ValueError(f"layer {path!r}: parameter {k} has NaN or infinite values")
+        alpha = float(m.negative_slope) if op == "leaky_relu" else None
+        name = f"{_OP_PREFIX[op]}{idx}"
+        layers.append(FloatLayer(name, op, n_in, n_out, params, alpha, path))
+        width = n_out
+    if not layers:
+        raise ValueError("the model has no inference layers (only Dropout/Identity?)")
+    if not any(layer.op in ("dense", "batchnorm") for layer in layers) and n_features is None:
+        raise ValueError("cannot infer the number of input features: pass n_features")
+    return layers
+
+
+@dataclass
+class _Built:
+    spec: MlpSpec
+    float_layers: list[FloatLayer]
+
+
+class MLP(torch.nn.Module):
+    """A fixed-point scoring MLP running on an offload device; build with :meth:`from_float`."""
+
+    def __init__(self, spec: MlpSpec, layers: list[FloatLayer], report: QuantReport | None = None, name: str = "mlp") -> None:
+        super().__init__()
+        self.spec = spec
+        self.kernel_name = name
+        self._float_layers = layers
+        self.report = report
+        self._tensors = spec.tensors()
+        self._resident: dict[int, Any] = {}
+
+    # -- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_float(
+        cls,
+        seq: torch.nn.Module,
+        calib: Any = None,
+        precision: str | Mapping[str, Any] = "auto",
+        reuse_factor: int = 1,
+        *,
+        labels: Any = None,
+        reference: Any = None,
+        n_features: int | None = None,
+        table_size: int = 1024,
+        cos_threshold: float = 0.999,
+        budget: float | None = None,
+        drift_threshold: float = 0.2,
+        name: str = "mlp",
+    ) -> "MLP":
+        """Quantize ``seq`` (a ``torch.nn.Sequential`` in eval semantics) into an MLP kernel.
+
+        ``precision``: ``"auto"`` (calibrated search on ``calib``, see :mod:`offload.quant.ptq`),
+        one ap_types type string for every type, or a dict ``{layer name: {role: type}}`` (roles
+        ``weight``, ``bias``, ``accum``, ``result``, ``scale``, ``param``, ``table``; a plain string
+        sets all of a layer's roles; key ``"input"`` sets the input type). Layer names are
+        ``fc<i>``, ``bn<i>``, ``relu<i>``, ``lrelu<i>``, ``sigmoid<i>``, ``tanh<i>`` with ``i`` the
+        index in ``seq`` (see ``MLP.layer_names(seq)``).
+        ``labels`` (with "auto") switch the end-to-end budget to AUC drop; ``reference`` is a
+        feature sample the calibration set is checked against (``CalibrationDriftWarning``).
+        """
+        if not isinstance(reuse_factor, int) or reuse_factor < 1:
+            raise ValueError(f"reuse_factor must be an int >= 1, got {reuse_factor!r}")
+        calib_np = None if calib is None else _as_features(calib, "calib")
+        nf = n_features if n_features is not None else (calib_np.shape[1] if calib_np is not None else None)
+        layers = float_layers(seq, nf)
+        nf = layers[0].n_in
+        if calib_np is not None and calib_np.shape[1] != nf:
+            raise ValueError(f"calib has {calib_np.shape[1]} features, the model takes {nf}")
+        if isinstance(precision, str) and precision == "auto":
+            if calib_np is None:
+                raise ValueError('precision="auto" needs a calibration set: from_float(seq, calib=X)')
+            ref = None if reference is None else _as_features(reference, "reference")
+            lab = None if labels is None else np.asarray(labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels, dtype=np.float64).ravel()
+            input_type, types, report = choose_precision(
+                layers, calib_np, labels=lab, reference=ref, cos_threshold=cos_threshold, budget=budget,
+                table_size=table_size, drift_threshold=drift_threshold,
+            )
+        else:
+            input_type, types = fixed_precision(layers, precision, table_size=table_size)
+            report = quant_report(layers, input_type, types, calib_np, labels=None) if calib_np is not None else None
+        sim_layers, consts = build_layers(layers, types)
+        spec = MlpSpec(nf, input_type, tuple(sim_layers), consts, reuse_factor)
+        return cls(spec, layers, report, name)
+
+    @staticmethod
+    def layer_names(seq: torch.nn.Module, n_features: int | None = None) -> list[str]:
+        """Names ``from_float`` gives the inference layers of ``seq`` (keys of a precision dict)."""
+        return [layer.name for layer in float_layers(seq, n_features)]
+
+    # -- running ---------------------------------------------------------------------------------
+    def _rid(self) -> int:
+        dev = default_device()
+        key = id(dev)
+        res = self._resident.get(key)
+        if res is None:
+            res = self._resident[key] = make_resident(self.offload_kernels()[0], dev)
+        return res.id
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores [B, n_out] in ``x``'s dtype, computed by the kernel on the active device."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MLP.forward takes a torch.Tensor, got {type(x).__name__}")
+        return torch.ops.offload.mlp_score(self._rid(), x)
+
+    def simulate(self, x: Any) -> np.ndarray:
+        """Exact fixed-point outputs (float64 [B, n_out]) of float features ``x`` [B, F]."""
+        xa = np.asarray(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x)
+        validate(self.spec, self._tensors, {"x": xa})
+        return _simulate(self.spec.input_type, self.spec.layers, self._tensors, xa.astype(np.float64))
+
+    def offload_kernels(self) -> list[Kernel]:
+        """The kernel(s) a bundle saves: one ``mlp`` kernel (spec JSON + raw weights)."""
+        return [Kernel(self.kernel_name, self.spec, {k: v.copy() for k, v in self._tensors.items()})]
+
+    def release(self) -> None:
+        """Drop this module's resident kernels."""
+        for res in self._resident.values():
+            release_resident(res.id)
+        self._resident.clear()
+
+    # -- hls4ml ----------------------------------------------------------------------------------
+    def canonical_torch(self) -> torch.nn.Sequential:
+        """The float model as hls4ml sees it: inference layers only, named as in the spec."""
+        mods: "OrderedDict[str, torch.nn.Module]" = OrderedDict()
+        for fl in self._float_layers:
+            if fl.op == "dense":
+                lin = torch.nn.Linear(fl.n_in, fl.n_out, bias="bias" in fl.params)
+                with torch.no_grad():
+                    lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(fl.params["weight"].T)))
+                    if "bias" in fl.params:
+                        lin.bias.copy_(torch.from_numpy(fl.params["bias"]))
+                mods[fl.name] = lin
+            elif fl.op == "batchnorm":
+                # scale/bias already folded: gamma = scale, var = 1 - eps... not exact in float32;
+                # hls4ml recomputes gamma / sqrt(var + eps), so pass var + eps == 1 exactly.
+                bn = torch.nn.BatchNorm1d(fl.n_in, eps=0.0)
+                with torch.no_grad():
+                    bn.weight.copy_(torch.from_numpy(fl.params["scale"]))
+                    bn.bias.copy_(torch.from_numpy(fl.params["bias"]))
+                    bn.running_mean.zero_()
+                    bn.running_var.fill_(1.0)
+                mods[fl.name] = bn
+            elif fl.op == "relu":
+                mods[fl.name] = torch.nn.ReLU()
+            elif fl.op == "leaky_relu":
+                mods[fl.name] = torch.nn.LeakyReLU(fl.alpha)
+            elif fl.op == "sigmoid":
+                mods[fl.name] = torch.nn.Sigmoid()
+            else:
+                mods[fl.name] = torch.nn.Tanh()
+        return torch.nn.Sequential(mods).eval()
+
+    def to_hls4ml(self, output_dir: str, *, project_name: str = "myproject", trace: bool = False):
+        """hls4ml ``ModelGraph`` (Vitis backend, io_parallel) with exactly these types; not compiled.
+
+        Built with ``hls4ml.converters.convert_from_pytorch_model`` from the float weights, so
+        hls4ml quantizes them itself; ``compile()`` then ``predict(x)`` equals :meth:`simulate`.
+        """
+        import hls4ml
+
+        from offload.hls.mlp import hls_config
+
+        seq = self.canonical_torch()
+        shape = (self.spec.n_features,)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = hls4ml.utils.config_from_pytorch_model(seq, input_shape=shape, granularity="name", backend="Vitis",
+                                                         default_precision=self.spec.input_type)
+            ours = hls_config(self.spec, trace=trace)
+            missing = set(ours["LayerName"]) - set(cfg["LayerName"])
+            if missing:
+                raise RuntimeError(f"hls4ml named the layers {sorted(cfg['LayerName'])}, expected {sorted(ours['LayerName'])}")
+            for lname, lcfg in ours["LayerName"].items():
+                cfg["LayerName"][lname].update(lcfg)
+            cfg["Model"].update(ours["Model"])
+            return hls4ml.converters.convert_from_pytorch_model(
+                seq, input_shape=shape, hls_config=cfg, backend="Vitis", io_type="io_parallel",
+                output_dir=str(output_dir), project_name=project_name,
+            )
+
+    def extra_repr(self) -> str:
+        kinds = ", ".join(f"{layer.name}:{layer.op}" for layer in self.spec.layers)
+        return f"n_features={self.spec.n_features}, n_out={self.spec.n_outputs}, layers=[{kinds}]"
+
+
+def _as_features(x: Any, what: str) -> np.ndarray:
+    a = np.asarray(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] == 0:
+        raise ValueError(f"{what} must be a non-empty [rows, features] array, got shape {list(a.shape)}")
+    bad = ~np.isfinite(a)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise ValueError(f"{what} row {int(r)} column {int(c)} is not finite")
+    return a

@@ -1,0 +1,438 @@
+"""Calibrated post-training quantization of scoring MLPs into hls4ml fixed-point types.
+
+``choose_precision`` takes the float layers and a calibration set and returns the ap_types of
+every layer:
+
+- integer bits from the calibration ranges (one bit of headroom on activations; weights, biases
+  and BatchNorm scales from their own maxima) and, for accumulators, from the worst case over the
+  input type's whole range, so accumulators never overflow (and never round: their fraction bits
+  are the product's);
+- fraction bits by a greedy search that lowers each layer's bits as far as the constraints allow,
+  largest cost first: every layer's output keeps a cosine similarity to the float model of at
+  least ``cos_threshold`` on the calibration set AND the end-to-end metric stays within
+  ``budget`` (max absolute score error; AUC drop when labels are given). Candidates are scored
+  with the bit-exact simulator (:mod:`offload.sim.mlp`), never by compiling hls4ml.
+- the cost minimised is total bits: weight x input bits of every multiplier plus the widths of
+  every stored value, a proxy for DSPs/LUTs and latency.
+
+Example::
+
+    input_type, types, report = choose_precision(layers, X_calib)
+    print(report)
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from offload.quant.drift import check_drift
+from offload.quant.report import LayerRow, QuantReport
+from offload.sim.fixed import FixedType
+from offload.sim.mlp import MlpLayer, forward, quantize_like_hls4ml
+
+__all__ = [
+    "DEFAULT_TABLE",
+    "DEFAULT_TYPE",
+    "FloatLayer",
+    "QuantReport",
+    "QuantizationBudgetWarning",
+    "auc",
+    "build_layers",
+    "choose_precision",
+    "fixed_precision",
+    "float_forward",
+    "quant_report",
+]
+
+DEFAULT_TYPE = "ap_fixed<16,6>"
+DEFAULT_TABLE = "ap_fixed<18,8>"  # hls4ml's default table_t
+_ROLES = {
+    "dense": ("weight", "bias", "accum", "result"),
+    "batchnorm": ("scale", "bias", "result"),
+    "relu": ("result",),
+    "leaky_relu": ("param", "result"),
+    "sigmoid": ("table", "result"),
+    "tanh": ("table", "result"),
+}
+_MAX_CALIB_ROWS = 4096
+_F_MAX = 18
+_F_MIN = 0
+
+
+class QuantizationBudgetWarning(UserWarning):
+    """Even the widest candidate types miss the cosine threshold or the end-to-end budget."""
+
+
+@dataclass
+class FloatLayer:
+    """One inference layer of the float model: op, sizes, float32 parameters (layout [n_in, n_out])."""
+
+    name: str
+    op: str
+    n_in: int
+    n_out: int
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    alpha: float | None = None
+    source: str = ""
+
+
+# -- float reference -----------------------------------------------------------------------------
+def float_forward(layers: Sequence[FloatLayer], x: np.ndarray) -> list[np.ndarray]:
+    """Every layer's float64 output for inputs ``x`` (the float model the types approximate)."""
+    outs = []
+    v = np.asarray(x, dtype=np.float64)
+    for fl in layers:
+        p = fl.params
+        if fl.op == "dense":
+            v = v @ p["weight"].astype(np.float64)
+            if "bias" in p:
+                v = v + p["bias"].astype(np.float64)
+        elif fl.op == "batchnorm":
+            v = v * p["scale"].astype(np.float64) + p["bias"].astype(np.float64)
+        elif fl.op == "relu":
+            v = np.maximum(v, 0.0)
+        elif fl.op == "leaky_relu":
+            v = np.where(v > 0, v, fl.alpha * v)
+        elif fl.op == "sigmoid":
+            v = 0.5 * (1.0 + np.tanh(0.5 * v))
+        elif fl.op == "tanh":
+            v = np.tanh(v)
+        outs.append(v)
+    return outs
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """ROC AUC (Mann-Whitney with average ranks for ties) of scores against 0/1 labels."""
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    y = np.asarray(labels).ravel() > 0.5
+    npos, nneg = int(y.sum()), int((~y).sum())
+    if npos == 0 or nneg == 0:
+        raise ValueError("AUC needs both positive and negative labels")
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s), dtype=np.float64)
+    sorted_s = s[order]
+    _, first, counts = np.unique(sorted_s, return_index=True, return_counts=True)
+    avg = first + (counts + 1) / 2.0  # 1-based average rank of each tie group
+    ranks[order] = np.repeat(avg, counts)
+    return float((ranks[y].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))
+
+
+# -- types ---------------------------------------------------------------------------------------
+def _int_bits(m: float, signed: bool) -> int:
+    """Fewest integer bits I whose range holds magnitude ``m`` (values below 2**(I-1) signed)."""
+    if m <= 0 or not math.isfinite(m):
+        return 1 if signed else 0
+    i = math.floor(math.log2(m)) + 1
+    return i + 1 if signed else i
+
+
+def _fx(i: int, f: int, signed: bool = True, q: str = "AP_RND", o: str = "AP_SAT") -> str:
+    # AP_RND (ties up) rather than AP_RND_CONV: one adder on the card, no tie detection.
+    w = max(1, i + f)
+    return str(FixedType(w, i if w == i + f else w - f, signed, q, o))
+
+
+def fixed_precision(layers: Sequence[FloatLayer], precision: str | Mapping[str, Any], *, table_size: int = 1024) -> tuple[str, dict[str, dict]]:
+    """Types from a user choice: one type string for all, or ``{layer: {role: type} | type}``."""
+    names = [fl.name for fl in layers]
+    if isinstance(precision, str):
+        FixedType.parse(precision)
+        default, per = precision, {}
+    elif isinstance(precision, Mapping):
+        unknown = set(precision) - set(names) - {"input", "default"}
+        if unknown:
+            raise KeyError(f"precision has unknown keys {sorted(unknown)}; layer names are {names} (plus 'input', 'default')")
+        default, per = precision.get("default", DEFAULT_TYPE), precision
+    else:
+        raise TypeError(f"precision must be 'auto', a type string or a dict, got {type(precision).__name__}")
+    input_type = str(per.get("input", default))
+    FixedType.parse(input_type)
+    types: dict[str, dict] = {}
+    for fl in layers:
+        roles = _ROLES[fl.op]
+        t: dict[str, Any] = {r: (DEFAULT_TABLE if r == "table" else default) for r in roles}
+        if fl.op in ("sigmoid", "tanh"):
+            t["table_size"] = table_size
+        given = per.get(fl.name)
+        if isinstance(given, str):
+            t.update({r: given for r in roles})
+        elif isinstance(given, Mapping):
+            bad = set(given) - set(roles) - {"table_size"}
+            if bad:
+                raise KeyError(f"precision[{fl.name!r}]: unknown roles {sorted(bad)}; a {fl.op} layer has {list(roles)}")
+            t.update(given)
+        elif given is not None:
+            raise TypeError(f"precision[{fl.name!r}] must be a type string or a dict of roles")
+        for r in roles:
+            FixedType.parse(t[r])
+        types[fl.name] = t
+    return input_type, types
+
+
+def build_layers(layers: Sequence[FloatLayer], types: Mapping[str, Mapping[str, Any]]) -> tuple[list[MlpLayer], dict[str, np.ndarray]]:
+    """Simulator layers and raw weights (quantized the way hls4ml's firmware reads them)."""
+    out, consts = [], {}
+    for fl in layers:
+        t = types[fl.name]
+        if fl.op == "dense":
+            has_bias = "bias" in fl.params
+            out.append(MlpLayer(fl.name, "dense", fl.n_in, fl.n_out, t["result"], weight=t["weight"],
+                                bias=t["bias"] if has_bias else None, accum=t["accum"], use_bias=has_bias))
+            consts[f"{fl.name}.weight"] = quantize_like_hls4ml(fl.params["weight"], t["weight"])
+            if has_bias:
+                consts[f"{fl.name}.bias"] = quantize_like_hls4ml(fl.params["bias"], t["bias"])
+        elif fl.op == "batchnorm":
+            out.append(MlpLayer(fl.name, "batchnorm", fl.n_in, fl.n_out, t["result"], scale=t["scale"], bias=t["bias"]))
+            consts[f"{fl.name}.scale"] = quantize_like_hls4ml(fl.params["scale"], t["scale"])
+            consts[f"{fl.name}.bias"] = quantize_like_hls4ml(fl.params["bias"], t["bias"])
+        elif fl.op == "leaky_relu":
+            out.append(MlpLayer(fl.name, "leaky_relu", fl.n_in, fl.n_out, t["result"], param=t["param"], alpha=float(fl.alpha)))
+        elif fl.op in ("sigmoid", "tanh"):
+            out.append(MlpLayer(fl.name, fl.op, fl.n_in, fl.n_out, t["result"], table=t["table"], table_size=int(t["table_size"])))
+        else:
+            out.append(MlpLayer(fl.name, fl.op, fl.n_in, fl.n_out, t["result"]))
+    return out, consts
+
+
+# -- evaluation ----------------------------------------------------------------------------------
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    # Element-wise sums, not BLAS dot: on a busy machine OpenBLAS threads spin for milliseconds.
+    a, b = a.ravel(), b.ravel()
+    na, nb = math.sqrt(float(np.sum(a * a))), math.sqrt(float(np.sum(b * b)))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.sum(a * b)) / (na * nb)
+
+
+def _run(layers, input_type, types, x):
+    sim_layers, consts = build_layers(layers, types)
+    _, steps = forward(input_type, sim_layers, consts, x, trace=True)
+    return [(name, t.to_float(raw), t) for name, raw, t in steps]
+
+
+def _metric(y_fixed, y_float, labels):
+    if labels is not None:
+        return auc(y_float[:, 0], labels) - auc(y_fixed[:, 0], labels)
+    return float(np.max(np.abs(y_fixed - y_float))) if y_fixed.size else 0.0
+
+
+def quant_report(layers, input_type, types, x, labels=None, *, metric_budget=None, cos_threshold=None, search=None) -> QuantReport:
+    """Per-layer ranges, types, cosine similarity and saturation share on ``x``; end-to-end metric."""
+    x = np.asarray(x, dtype=np.float64)
+    flo = float_forward(layers, x)
+    steps = _run(layers, input_type, types, x)
+    rows = []
+    it = FixedType.parse(input_type)
+    rows.append(LayerRow("input", "input", float(x.min()), float(x.max()), {"result": input_type},
+                         _cosine(steps[0][1], x), _sat_share(x, it)))
+    for fl, f, (name, fx, t) in zip(layers, flo, steps[1:]):
+        shown = {k: v for k, v in types[fl.name].items() if k != "table_size"}
+        if fl.op == "dense" and "bias" not in fl.params:
+            shown.pop("bias", None)
+        rows.append(LayerRow(fl.name, fl.op, float(f.min()), float(f.max()), shown, _cosine(fx, f), _sat_share(f, t)))
+    y_fixed, y_float = steps[-1][1], flo[-1]
+    if labels is not None:
+        name, before, after = "auc", auc(y_float[:, 0], labels), auc(y_fixed[:, 0], labels)
+    else:
+        name, before, after = "max_abs_error", 0.0, _metric(y_fixed, y_float, None)
+    return QuantReport(rows, name, before, after, metric_budget, cos_threshold, len(x), search or {})
+
+
+def _sat_share(f: np.ndarray, t: FixedType) -> float:
+    if f.size == 0:
+        return 0.0
+    return float(np.mean((f > t.max_float) | (f < t.min_float)))
+
+
+def _total_bits(layers, input_type, types) -> int:
+    """Cost proxy: multiplier operand bits (x bits times weight bits per MAC) plus stored widths."""
+    prev = FixedType.parse(input_type).width
+    cost = prev * layers[0].n_in
+    for fl in layers:
+        t = types[fl.name]
+        if fl.op == "dense":
+            cost += fl.n_in * fl.n_out * (prev + FixedType.parse(t["weight"]).width)
+            cost += fl.n_out * FixedType.parse(t["accum"]).width
+        elif fl.op == "batchnorm":
+            cost += fl.n_in * (prev + FixedType.parse(t["scale"]).width)
+        res = FixedType.parse(t["result"]).width
+        cost += fl.n_out * res
+        prev = res
+    return cost
+
+
+# -- the search ----------------------------------------------------------------------------------
+@dataclass
+class _Plan:
+    """Integer bits and signedness fixed from calibration; fraction bits are the search variables."""
+
+    in_i: int
+    res: list[tuple[int, bool]]  # per layer: result integer bits, signed
+    par: list[dict[str, tuple[int, bool]]]  # per layer: role -> (integer bits, signed) for weights etc.
+
+
+def _plan(layers, x, flo) -> _Plan:
+    in_i = _int_bits(float(np.abs(x).max()), True) + 1
+    res, par = [], []
+    for fl, f in zip(layers, flo):
+        p: dict[str, tuple[int, bool]] = {}
+        if fl.op == "dense":
+            p["weight"] = (_int_bits(float(np.abs(fl.params["weight"]).max()), True), True)
+            if "bias" in fl.params:
+                p["bias"] = (_int_bits(float(np.abs(fl.params["bias"]).max()), True), True)
+        elif fl.op == "batchnorm":
+            p["scale"] = (_int_bits(float(np.abs(fl.params["scale"]).max()), True), True)
+            p["bias"] = (_int_bits(float(np.abs(fl.params["bias"]).max()), True), True)
+        elif fl.op == "leaky_relu":
+            p["param"] = (_int_bits(abs(float(fl.alpha)), True), True)
+        if fl.op == "sigmoid":
+            res.append((0, False))  # [0, 1): saturates at 1 - lsb, as the table never reaches 1 exactly
+        elif fl.op == "tanh":
+            res.append((1, True))
+        elif fl.op == "relu":
+            res.append((_int_bits(float(np.abs(f).max()), False) + 1, False))
+        else:
+            res.append((_int_bits(float(np.abs(f).max()), True) + 1, True))
+        par.append(p)
+    return _Plan(in_i, res, par)
+
+
+def _types_for(layers, plan: _Plan, f_in: int, f_par: list[int], f_res: list[int], table_size: int) -> tuple[str, dict]:
+    input_type = _fx(plan.in_i, f_in)
+    types: dict[str, dict] = {}
+    prev = FixedType.parse(input_type)
+    for k, fl in enumerate(layers):
+        ri, rs = plan.res[k]
+        t: dict[str, Any] = {"result": _fx(ri, f_res[k], rs)}
+        if fl.op == "dense":
+            wi, _ = plan.par[k]["weight"]
+            t["weight"] = _fx(wi, f_par[k])
+            bi = plan.par[k].get("bias", (1, True))[0]
+            t["bias"] = _fx(bi, f_par[k])
+            # Accumulator: the products' fraction bits (no rounding) and the integer bits of the
+            # worst case over the input type's range (no overflow), so only result_t quantizes.
+            w = np.abs(fl.params["weight"]).astype(np.float64)
+            xmax = max(abs(prev.min_float), abs(prev.max_float))
+            worst = float((xmax * w.sum(axis=0) + (np.abs(fl.params["bias"]) if "bias" in fl.params else 0.0)).max())
+            acc_f = prev.F + FixedType.parse(t["weight"]).F
+            acc_i = _int_bits(worst, True) + 1
+            t["accum"] = _fx(acc_i, acc_f, True, "AP_TRN", "AP_WRAP")
+        elif fl.op == "batchnorm":
+            t["scale"] = _fx(plan.par[k]["scale"][0], f_par[k])
+            t["bias"] = _fx(plan.par[k]["bias"][0], f_par[k])
+        elif fl.op == "leaky_relu":
+            t["param"] = _fx(plan.par[k]["param"][0], 16)
+        elif fl.op in ("sigmoid", "tanh"):
+            t["table"] = _fx(2, max(f_res[k] + 2, 8))
+            t["table_size"] = table_size
+        types[fl.name] = t
+        prev = FixedType.parse(t["result"])
+    return input_type, types
+
+
+def choose_precision(
+    layers: Sequence[FloatLayer],
+    x: np.ndarray,
+    *,
+    labels: np.ndarray | None = None,
+    reference: np.ndarray | None = None,
+    cos_threshold: float = 0.999,
+    budget: float | None = None,
+    table_size: int = 1024,
+    drift_threshold: float = 0.2,
+    max_rows: int = _MAX_CALIB_ROWS,
+) -> tuple[str, dict[str, dict], QuantReport]:
+    """Search the cheapest types meeting the cosine threshold and the end-to-end budget.
+
+    ``budget`` defaults to 0.01 x max(1, range of the float outputs) as max absolute error, or an
+    AUC drop of 0.002 when ``labels`` are given. Returns ``(input_type, types, report)``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if reference is not None:
+        check_drift(x, reference, threshold=drift_threshold)
+    if labels is not None and len(labels) != len(x):
+        raise ValueError(f"labels has {len(labels)} rows, calib has {len(x)}")
+    if len(x) > max_rows:  # a fixed subsample: the search must be reproducible
+        idx = np.random.default_rng(0).choice(len(x), max_rows, replace=False)
+        idx.sort()
+        xs, ls = x[idx], (None if labels is None else labels[idx])
+    else:
+        xs, ls = x, labels
+    flo = float_forward(layers, xs)
+    if budget is None:
+        budget = 0.002 if ls is not None else 0.01 * max(1.0, float(np.ptp(flo[-1])) if flo[-1].size else 1.0)
+    plan = _plan(layers, xs, flo)
+    n = len(layers)
+    has_par = [bool(plan.par[k]) and layers[k].op in ("dense", "batchnorm") for k in range(n)]
+    state = {"in": _F_MAX, "par": [_F_MAX] * n, "res": [_F_MAX] * n}
+    evals = [0]
+
+    def ok(st) -> bool:
+        evals[0] += 1
+        it, ty = _types_for(layers, plan, st["in"], st["par"], st["res"], table_size)
+        steps = _run(layers, it, ty, xs)
+        if _cosine(steps[0][1], xs) < cos_threshold:
+            return False
+        for f, (_, fx, _) in zip(flo, steps[1:]):
+            if _cosine(fx, f) < cos_threshold:
+                return False
+        return _metric(steps[-1][1], flo[-1], ls) <= budget
+
+    feasible = ok(state)
+    if not feasible:
+        warnings.warn(
+            f"quantization: even {_F_MAX} fraction bits everywhere miss cosine >= {cos_threshold} or the "
+            f"budget {budget:g}; keeping the widest types",
+            QuantizationBudgetWarning,
+            stacklevel=3,
+        )
+    else:
+        # Variables, most expensive first: weights of big layers, then results, then the input.
+        variables: list[tuple[float, str, int]] = []
+        for k, fl in enumerate(layers):
+            if has_par[k]:
+                variables.append((fl.n_in * fl.n_out, "par", k))
+            variables.append((fl.n_out * (layers[k + 1].n_out if k + 1 < n and layers[k + 1].op == "dense" else 1), "res", k))
+        variables.append((layers[0].n_in * layers[0].n_out, "in", -1))
+        variables.sort(key=lambda v: -v[0])
+        for _ in range(2):
+            changed = False
+            for _, kind, k in variables:
+                cur = state[kind] if kind == "in" else state[kind][k]
+                lo, hi = _F_MIN, cur  # hi is feasible; find the lowest feasible by bisection
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    trial = {"in": state["in"], "par": list(state["par"]), "res": list(state["res"])}
+                    if kind == "in":
+                        trial["in"] = mid
+                    else:
+                        trial[kind][k] = mid
+                    if ok(trial):
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                if hi != cur:
+                    changed = True
+                    if kind == "in":
+                        state["in"] = hi
+                    else:
+                        state[kind][k] = hi
+            if not changed:
+                break
+    input_type, types = _types_for(layers, plan, state["in"], state["par"], state["res"], table_size)
+    search = {
+        "evaluations": evals[0],
+        "calibration_rows_searched": int(len(xs)),
+        "total_bits": _total_bits(layers, input_type, types),
+        "total_bits_widest": _total_bits(layers, *_types_for(layers, plan, _F_MAX, [_F_MAX] * n, [_F_MAX] * n, table_size)),
+        "feasible": bool(feasible),
+    }
+    report = quant_report(layers, input_type, types, x, labels, metric_budget=budget, cos_threshold=cos_threshold, search=search)
+    return input_type, types, report
