@@ -1,3 +1,4 @@
 """PyTorch modules whose forward runs on the active offload device."""
 
 from offload.nn.embedding import Embedding, EmbeddingBag, TableBatchedEmbeddingBags  # noqa: E402,F401
+from offload.nn.mlp import MLP  # noqa: E402,F401
