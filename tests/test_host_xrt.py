@@ -148,3 +148,51 @@ def test_unreadable_xclbin(fakes, tmp_path):
     (tmp_path / "junk.xclbin").write_text("not an xclbin")
     with pytest.raises(DeviceError, match="junk.xclbin: XRT cannot read it"):
         open_device("xrt:0").load_xclbin(tmp_path / "junk.xclbin")
+
+
+def test_stand_in_catches_a_missing_sync(fakes, tmp_path, monkeypatch):
+    """The stand-in keeps host and device memory apart: a backend that skipped the sync to the
+    device would compute on garbage, so the equality tests above can fail."""
+    pyxrt, _ = fakes
+    b = bundle_with_xclbin(tmp_path, [sa.make_kernel("sa", n=8, scale=3)], cus=1)
+    dev, sim = open_device("xrt:0"), open_device("sim")
+    h = dev.load_bundle(b)["sa"]
+    inp = sa.make_inputs(n=8, batch=4)
+    want = sim.run(sim.load(b.kernels["sa"]), inp)["y"]
+    real_sync = pyxrt.bo.sync
+
+    def lossy_sync(self, direction, size=None, offset=0):
+        if direction != pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
+            real_sync(self, direction, size, offset)
+
+    monkeypatch.setattr(pyxrt.bo, "sync", lossy_sync)
+    assert not np.array_equal(dev.run(h, inp)["y"], want)
+
+
+@pytest.mark.hardware
+def test_real_card_runs_a_built_bundle():
+    """With OFFLOAD_HW_BUNDLE naming a bundle built for the card in this host (offload build
+    --vitis): every kernel runs on xrt:0 bit-equal to sim on the build's golden inputs."""
+    import os
+
+    path = os.environ.get("OFFLOAD_HW_BUNDLE")
+    if not path:
+        pytest.skip("set OFFLOAD_HW_BUNDLE to a bundle with a recorded xclbin for this card")
+    try:
+        import pyxrt
+    except ImportError:
+        pytest.skip("pyxrt is not installed (no XRT on this host)")
+    if Path(pyxrt.__file__).resolve().parent == FAKES or pyxrt.enumerate_devices() < 1:
+        pytest.skip("no real card")
+    from offload.hls.build import golden_inputs
+    from offload.host.bundle import load
+
+    b = load(path)
+    dev, sim = open_device("xrt:0"), open_device("sim")
+    hx, hs = dev.load_bundle(b), sim.load_bundle(b)
+    rng = np.random.default_rng(0)
+    for name, k in b.kernels.items():
+        for case in range(3):
+            inp = golden_inputs(k.spec, rng, case)
+            assert_same(dev.run(hx[name], inp, timeout=10.0), sim.run(hs[name], inp))
+    dev.close()
