@@ -97,10 +97,25 @@ class Step:
     name: str
     argv: tuple[str, ...]
     output: str
+    inputs: tuple[str, ...] = ()  # files or folders whose change makes ``output`` stale
 
     @property
     def command(self) -> str:
         return shlex.join(self.argv)
+
+    def up_to_date(self, root: Path) -> bool:
+        """``output`` exists and is newer than every input (as ``make`` decides)."""
+        out = root / self.output
+        if not out.is_file() or not self.inputs:
+            return False
+        newest = 0.0
+        for rel in self.inputs:
+            p = root / rel
+            if not p.exists():
+                return False
+            files = [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p]
+            newest = max([newest, *(f.stat().st_mtime for f in files)])
+        return out.stat().st_mtime >= newest
 
 
 @dataclass
@@ -136,9 +151,10 @@ class Project:
             cpps = [f"src/{pk.top}/{f}" for f in pk.files if f.endswith((".cpp", ".cc", ".cxx"))]
             xo = f"{out}/{pk.top}.xo"
             xos.append(xo)
-            steps.append(Step(f"compile {pk.top}", ("v++", "-c", *common, "-k", pk.top, "-I", "include", "-I", f"src/{pk.top}", "-o", xo, *cpps), xo))
+            argv = ("v++", "-c", *common, "-k", pk.top, "-I", "include", "-I", f"src/{pk.top}", "-o", xo, *cpps)
+            steps.append(Step(f"compile {pk.top}", argv, xo, (f"src/{pk.top}", "include")))
         xclbin = f"{out}/{XCLBIN}"
-        steps.append(Step("link", ("v++", "-l", *common, "--config", "connectivity.cfg", "-o", xclbin, *xos), xclbin))
+        steps.append(Step("link", ("v++", "-l", *common, "--config", "connectivity.cfg", "-o", xclbin, *xos), xclbin, ("connectivity.cfg", *xos)))
         return steps
 
     @property
@@ -303,17 +319,28 @@ then `open_device("xrt:0").load_bundle(offload.load(BUNDLE))`.
 """
 
 
+def _put(path: Path, data: str | bytes) -> None:
+    """Write ``path`` only when its content changes: unchanged files keep their mtimes, so a
+    rerun on a built project finds the v++ outputs up to date instead of rebuilding for hours."""
+    raw = data.encode() if isinstance(data, str) else data
+    if path.is_file() and path.read_bytes() == raw:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
+
+
 def _copy_headers(dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
     for p in sorted(csim.offload_include().iterdir()):
         if p.suffix in (".h", ".hpp"):
-            shutil.copyfile(p, dest / p.name)
+            _put(dest / p.name, p.read_bytes())
     # hls4ml's Vitis backend: the Vivado nnet_utils with the Vitis overrides on top.
     vivado = csim.nnet_utils_include() / "nnet_utils"
     vitis = vivado.parent.parent / "vitis" / "nnet_utils"
-    shutil.copytree(vivado, dest / "nnet_utils", dirs_exist_ok=True)
+    files = {f.relative_to(vivado): f for f in vivado.rglob("*") if f.is_file()}
     if vitis.is_dir():
-        shutil.copytree(vitis, dest / "nnet_utils", dirs_exist_ok=True)
+        files.update({f.relative_to(vitis): f for f in vitis.rglob("*") if f.is_file()})
+    for rel, f in sorted(files.items()):
+        _put(dest / "nnet_utils" / rel, f.read_bytes())
 
 
 def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform: str | None = None, compute_units: int | Mapping[str, int] = 1) -> Project:
@@ -357,12 +384,12 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
         d = root / "src" / top
         d.mkdir(parents=True, exist_ok=True)
         for name, text in srcs.items():
-            (d / name).write_text(text)
+            _put(d / name, text)
     _copy_headers(root / "include")
-    (root / "connectivity.cfg").write_text(_connectivity(project))
-    (root / "Makefile").write_text(_makefile(project))
-    (root / "README.md").write_text(_readme(project, getattr(bundle, "name", "bundle")))
-    (root / "project.json").write_text(
+    _put(root / "connectivity.cfg", _connectivity(project))
+    _put(root / "Makefile", _makefile(project))
+    _put(root / "README.md", _readme(project, getattr(bundle, "name", "bundle")))
+    _put(root / "project.json",
         json.dumps(
             {
                 "card": card.name,
@@ -525,7 +552,7 @@ def missing_tools(tools: Sequence[str] = ("v++",)) -> list[str]:
     return [t for t in tools if shutil.which(t) is None]
 
 
-_ERROR_LINE = re.compile(r"^\s*(ERROR|CRITICAL WARNING|FATAL)\b|\berror:", re.IGNORECASE)
+_ERROR_LINE = re.compile(r"^\s*(ERROR|FATAL)\b|\berror:", re.IGNORECASE)
 
 
 def run_vitis(
@@ -543,6 +570,10 @@ def run_vitis(
     for i, step in enumerate(steps):
         if on_step:
             on_step(i, len(steps), step)
+        if step.up_to_date(project.root):  # e.g. `make hw` already ran on this machine
+            if on_line:
+                on_line(step, f"{step.output} is up to date")
+            continue
         log = logs / (re.sub(r"[^A-Za-z0-9_.-]+", "_", step.name) + ".log")
         errors: list[str] = []
         with open(log, "w") as lf:
@@ -554,7 +585,7 @@ def run_vitis(
             for line in proc.stdout:
                 lf.write(line)
                 line = line.rstrip("\n")
-                if _ERROR_LINE.search(line) and not line.lstrip().upper().startswith("CRITICAL WARNING"):
+                if _ERROR_LINE.search(line):
                     errors.append(line.strip())
                 if on_line:
                     on_line(step, line)

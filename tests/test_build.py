@@ -272,3 +272,24 @@ def test_save_build_record_and_run_on_the_card_stand_in(tmp_path, fake_vpp, monk
         dev.close()
     finally:
         sys.modules.pop("pyxrt", None)
+
+
+def test_rerun_skips_up_to_date_steps_and_rebuilds_on_change(bundle_dir, tmp_path, fake_vpp):
+    """After `make hw` (here: a first run), a rerun of offload build --vitis only records; a
+    changed kernel source makes its compile and the link run again."""
+    out = tmp_path / "prj"
+    args = ["build", str(bundle_dir), "--target", "u55c", "--out", str(out), "--vitis"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    logs = sorted((out / "logs" / "hw").iterdir())
+    stamps = {p.name: p.stat().st_mtime_ns for p in logs}
+    xclbin = out / "build" / "hw" / "offload.xclbin"
+    first = xclbin.stat().st_mtime_ns
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert {p.name: p.stat().st_mtime_ns for p in logs} == stamps and xclbin.stat().st_mtime_ns == first
+    # Touch one kernel's source (newer than its .xo): that compile and the link rerun, not the other compile.
+    src = next((out / "src" / "test_scale_add_n4_s5").iterdir())
+    os.utime(src, ns=(first + 10**9, first + 10**9))
+    assert CliRunner().invoke(main, args).exit_code == 0
+    changed = {p.name for p in logs if p.stat().st_mtime_ns != stamps[p.name]}
+    assert changed == {"compile_test_scale_add_n4_s5.log", "link.log"}
