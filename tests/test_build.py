@@ -186,6 +186,12 @@ if os.environ.get("FAKE_VPP_FAIL") == mode:
 os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 if mode == "c":
     open(out, "wb").write(b"PK fake xo")
+    if os.environ.get("FAKE_VPP_REPORT"):  # where v++ --save-temps leaves Vitis HLS's report
+        top = args[args.index("-k") + 1]
+        tmp = args[args.index("--temp_dir") + 1]
+        rep = os.path.join(tmp, top, top, top, "solution", "syn", "report")
+        os.makedirs(rep, exist_ok=True)
+        open(os.path.join(rep, "csynth.xml"), "w").write(open(os.environ["FAKE_VPP_REPORT"]).read())
 elif os.environ.get("FAKE_VPP_XCLBIN") == "json":
     # The JSON xclbin stand-in that tests/fakes/pyxrt.py runs (a test artifact, not an xclbin).
     import json
@@ -228,7 +234,11 @@ def test_cli_build_vitis_failure_shows_the_tools_error_lines(bundle_dir, tmp_pat
     assert load(bundle_dir).xclbin is None
 
 
-def test_cli_build_vitis_records_the_xclbin(bundle_dir, tmp_path, fake_vpp):
+def test_cli_build_vitis_records_the_xclbin(bundle_dir, tmp_path, fake_vpp, monkeypatch):
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "hls-reports" / "vitis-2020.2-gaussian" / "csynth.xml"
+    monkeypatch.setenv("FAKE_VPP_REPORT", str(fixture))
     out = tmp_path / "prj"
     r = CliRunner().invoke(main, ["build", str(bundle_dir), "--target", "u55c", "--out", str(out), "--vitis", "--cus", "2"])
     assert r.exit_code == 0, r.output
@@ -238,6 +248,11 @@ def test_cli_build_vitis_records_the_xclbin(bundle_dir, tmp_path, fake_vpp):
     assert b.compute_units["test_scale_add_n8_s3"] == ["test_scale_add_n8_s3_1", "test_scale_add_n8_s3_2"]
     assert (out / "build" / "hw" / "test_scale_add_n4_s5.xo").is_file()
     assert f"UUID {fake_vpp}" in r.output
+    # Vitis HLS's reports are collected per top function (parsed by offload.hls.reports).
+    reports = json.loads((out / "reports_hw.json").read_text())
+    assert set(reports) == {"test_scale_add_n8_s3", "test_scale_add_n4_s5"}
+    assert reports["test_scale_add_n4_s5"]["latency_max"] == 262673 and reports["test_scale_add_n4_s5"]["resources"]["LUT"] == 1870
+    assert "C-synthesis estimates" in r.output and "262673" in r.output
     # The recorded xclbin is checksummed like every other file of the bundle.
     data = b.xclbin.read_bytes()
     b.xclbin.write_bytes(data[:-1] + b"\0")
