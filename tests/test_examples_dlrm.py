@@ -62,3 +62,31 @@ def test_dense_part_on_the_gpu_outputs_land_on_the_gpu():
     assert next(res.offloaded.get_submodule("top.0").parameters()).is_cuda
     assert all(d.offloaded for d in res.report.decisions)
     assert res.comparison.min_cosine > 0.999
+
+
+@pytest.mark.slow
+def test_full_size_tables_offload_within_bounds():
+    """10^4..10^6-row tables at dim 32 (240 MB float): all offloaded in one call, every bag within its bound.
+    Untrained (steps=0): this checks the mechanics at full size; AUC is checked on the trained small model."""
+    from offload.examples.dlrm import run
+
+    res = run(small=False, steps=0, n_eval=1024)
+    assert max(res.model.tables[i].num_embeddings for i in range(8)) == 10**6
+    assert len(res.report.batches) == 1 and len(res.report.offloaded) == 8
+    data = res.test_data
+    local = {d.name: d for d in res.comparison.local}
+    for t, (idx, off) in enumerate(zip(data.indices, data.offsets)):
+        longest = int(torch.diff(torch.cat([off, off.new_tensor([len(idx)])])).max())
+        assert local[f"offload_tables_0[{t}]"].max_abs_err <= longest * LSB + longest * 4 * 2.0**-24
+    assert res.comparison.min_cosine > 0.999
+
+
+def test_demo_section_passes_its_own_checks():
+    from rich.console import Console
+
+    from offload._demo_partition import partition_demo_section
+
+    console = Console(record=True, width=300)
+    assert partition_demo_section(console, full=False) is True
+    text = console.export_text()
+    assert "8 tables offloaded (1 table-batched call)" in text and "offload advise" in text
