@@ -422,10 +422,13 @@ def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Ma
         if keep is not None and tw is not None:
             tw = tw[keep]
         vals = _sim.gather_values(tensors[f"table{t}"], ti, tensors.get(f"params{t}"))
-        out[:, col:col + ts.dim] = _sim.pool_bags(
+        pooled = _sim.pool_bags(
             vals, spec.value_types()[t], o, spec.mode, acc, out_t,
             max_bag_size=spec.max_bag_size, weights=tw, weight_type=wt,
         )
+        if T == 1:
+            return {"out": pooled.astype(np.int64, copy=False)}
+        out[:, col:col + ts.dim] = pooled
         col += ts.dim
     return {"out": out}
 

@@ -32,6 +32,7 @@ _lib.define("embedding_lookup" + _SCHEMA)
 _lib.define("embedding_lookup_tbe" + _SCHEMA)
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_NP_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.float64: np.float64}
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
@@ -71,7 +72,9 @@ def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_wei
     _check(indices, offsets, per_sample_weights)
     w = None if per_sample_weights is None else _host(per_sample_weights)
     out = lookup_numpy(rid, _host(indices), _host(offsets), w)
-    y = torch.from_numpy(out).to(dtype)
+    # One rounding float64 -> dtype, done by NumPy where it has the dtype (cheaper than torch's .to here).
+    np_dt = _NP_DTYPES.get(dtype)
+    y = torch.from_numpy(out.astype(np_dt)) if np_dt is not None else torch.from_numpy(out).to(dtype)
     return y if indices.device.type == "cpu" else y.to(indices.device)
 
 

@@ -88,10 +88,10 @@ def gather_values(table: np.ndarray, indices: np.ndarray, params: np.ndarray | N
     ``params`` (``int8_rowwise`` only): raw ``(scale, bias)`` per row in ``param_type``; the
     result is then raw ``code * scale + bias`` in :func:`rowwise_value_type` (same frac bits).
     """
-    rows = table[indices]
+    rows = np.take(table, indices, axis=0)
     if params is None:
         return rows
-    sb = params[indices].astype(np.int64, copy=False)
+    sb = np.take(params, indices, axis=0).astype(np.int64, copy=False)
     # |code*scale + bias| < 2^(Wp+8): validated Wp <= 54 keeps this exact in int64.
     return rows.astype(np.int64) * sb[:, 0:1] + sb[:, 1:2]
 
@@ -168,23 +168,78 @@ def pool_bags(
     starts = offsets[:-1][nonempty]
     if starts.size == 0 or d == 0:
         return out
+    if nonempty.all():
+        # Common path: no empty bags, so no zero rows to fill and no boolean-mask copies.
+        if mode == "max":
+            return _cast(out_type, _segment_reduce(src, starts, counts, np.max) << shift, acc_type)
+        nonempty = slice(None)
 
     if mode == "max":
-        m = np.maximum.reduceat(src, starts, axis=0).astype(np.int64) << shift
-        out[nonempty] = m
-        return out_type.cast(out, acc_type)
+        out[nonempty] = _segment_reduce(src, starts, counts[nonempty], np.max) << shift
+        return _cast(out_type, out, acc_type)
 
     if not _acc_can_overflow(term_max, max_bag_size, acc_type):
         # No overflow is possible for any bag up to max_bag_size: |sum| <= max_bag_size *
-        # term_max <= the accumulator's range, so each per-step saturation is a no-op and a plain
-        # int64 sum is exact (term_max < 2^62, max_bag_size * term_max <= 2^62 checked above).
-        s = np.add.reduceat(src, starts, axis=0, dtype=np.int64) << shift
+        # term_max <= the accumulator's range (< 2^62), so each per-step saturation/wrap is a no-op
+        # and a plain int64 sum is exact, in any order.
+        # int32 partial sums suffice when no bag can reach 2^31 (e.g. 16-bit values, bags <= 2^15).
+        small = max_bag_size * max(-vlo, vhi, 1) < 2**31 if exact_terms else False
+        s = _segment_reduce(src, starts, counts[nonempty], np.sum, np.int32 if small else np.int64)
+        if shift:
+            s <<= shift
     else:
-        s = _sequential_sum(np.asarray(src, dtype=np.int64) << shift, offsets[:-1][nonempty], counts[nonempty], acc_type)
+        s = _sequential_sum(np.asarray(src, dtype=np.int64) << shift, starts, counts[nonempty], acc_type)
     if mode == "mean":
         s = round_div(s, counts[nonempty][:, None])
+    if isinstance(nonempty, slice):
+        return _cast(out_type, s, acc_type)
     out[nonempty] = s
-    return out_type.cast(out, acc_type)
+    return _cast(out_type, out, acc_type)
+
+
+def _segment_reduce(src: np.ndarray, starts: np.ndarray, counts: np.ndarray, reduce, sum_dtype=np.int64) -> np.ndarray:
+    """``reduce`` (np.sum / np.max, in int64) over rows ``starts[i] : starts[i] + counts[i]``.
+
+    Bags are grouped by length: each group is one ``(bags, length, D)`` gather and one reduction
+    over axis 1, which is several times faster than ``np.add.reduceat`` over rows. Equal-length,
+    back-to-back bags (2-D input, plain lookups) need no gather at all.
+    """
+    d = src.shape[1]
+    if reduce is np.sum:
+        # einsum reduces the middle axis several times faster than ndarray.sum here.
+        def red(a):
+            # casting="unsafe" only narrows int64 values the caller proved to fit sum_dtype.
+            return np.einsum("bld->bd", a, dtype=sum_dtype, casting="unsafe")
+    else:
+        def red(a):
+            return reduce(a, axis=1)
+    c0 = int(counts[0])
+    if (counts == c0).all() and int(starts[0]) == 0 and src.shape[0] == c0 * counts.shape[0]:
+        if c0 == 1:  # one entry per bag (plain lookups): nothing to reduce
+            return src.astype(np.int64)
+        return red(src.reshape(counts.shape[0], c0, d)).astype(np.int64, copy=False)
+    out = np.empty((starts.shape[0], d), dtype=np.int64)
+    order = np.argsort(counts, kind="stable")
+    sc = counts[order]
+    cuts = np.flatnonzero(np.diff(sc)) + 1
+    for grp in np.split(order, cuts):
+        n = int(counts[grp[0]])
+        pos = starts[grp][:, None] + np.arange(n)
+        out[grp] = red(np.take(src, pos, axis=0))
+    return out
+
+
+def _cast(dst: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray:
+    """``dst.cast(raw, src)``, short-cut to an exact shift when ``dst`` has at least ``src``'s frac
+    bits and these values fit (no rounding, no overflow: the cast is then exactly the shift)."""
+    if dst == src:
+        return raw
+    sh = dst.F - src.F
+    if sh >= 0 and raw.size and sh < 62:
+        lo, hi = int(raw.min()), int(raw.max())
+        if (lo << sh) >= dst.min_raw and (hi << sh) <= dst.max_raw:
+            return raw << sh if sh else raw
+    return dst.cast(raw, src)
 
 
 def _sequential_sum(terms: np.ndarray, starts: np.ndarray, counts: np.ndarray, acc: FixedType) -> np.ndarray:
