@@ -1,57 +1,32 @@
-"""Test-only stand-ins for the serving tests: a tiny fixed-point scoring kernel kind and a device
-that fails on demand. They exercise the service's contracts (Bundle + Device) without depending
-on any particular kernel family."""
+"""Test helpers for the serving tests: the example risk bundle (built once per process) and sim
+devices that fail or block on demand, registered as the ``flaky`` and ``gated`` device backends."""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-
-import numpy as np
-
 from offload.host import DeviceError, DeviceTimeout, register_device
 from offload.host.sim import SimDevice
-from offload.kernels import Kernel, KernelKind, register_kind
 
-KIND = "serve_test_affine"
-
-
-@dataclass(frozen=True)
-class AffineSpec:
-    n_in: int
-    n_out: int
-    kind: str = KIND
-
-    def to_json(self) -> dict:
-        return {"n_in": self.n_in, "n_out": self.n_out}
+_BUNDLE_DIR: list[str] = []
 
 
-def _validate(spec, tensors, inputs):
-    x = inputs["x"]
-    if x.ndim != 2 or x.shape[1] != spec.n_in:
-        raise ValueError(f"x: shape {x.shape}, expected [B, {spec.n_in}]")
-    bad = np.argwhere(~np.isfinite(x))
-    if bad.size:
-        r, c = bad[0]
-        raise ValueError(f"x[{r}, {c}] is not finite ({x[r, c]})")
+def risk_bundle_path() -> str:
+    """The example risk bundle (``offload example risk``), trained once per test process."""
+    if not _BUNDLE_DIR:
+        import atexit
+        import shutil
+        import tempfile
 
+        import torch
 
-def _reference(spec, tensors, inputs):
-    # Quantize to Q8 with saturation, integer matmul, rescale: row-independent like a real MLP.
-    q = np.clip(np.round(inputs["x"] * 256), -32768, 32767).astype(np.int64)
-    acc = q @ tensors["w"].astype(np.int64) + tensors["b"].astype(np.int64)
-    return {"y": acc.astype(np.float64) / 65536.0}
+        from offload.examples.risk import build_risk_bundle
 
-
-KIND_OBJ = register_kind(KernelKind(KIND, lambda d: AffineSpec(int(d["n_in"]), int(d["n_out"])), _validate, _reference))
-
-
-def make_bundle(name: str = "risk", n_in: int = 8, n_out: int = 1, seed: int = 0):
-    from offload.host.bundle import Bundle
-
-    rng = np.random.default_rng(seed)
-    k = Kernel(name, AffineSpec(n_in, n_out), {"w": rng.integers(-300, 300, (n_in, n_out)).astype(np.int16), "b": rng.integers(-1000, 1000, n_out).astype(np.int32)})
-    return Bundle(name, {name: k}, {"features": [f"f{i}" for i in range(n_in)]})
+        torch.set_num_threads(1)  # the machine is shared: training is small, threads only contend
+        d = tempfile.mkdtemp(prefix="offload-risk-")
+        atexit.register(shutil.rmtree, d, True)
+        build_risk_bundle(f"{d}/risk")
+        _BUNDLE_DIR.append(f"{d}/risk")
+    return _BUNDLE_DIR[0]
 
 
 class FlakyDevice(SimDevice):

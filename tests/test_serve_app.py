@@ -18,7 +18,7 @@ from offload.serve.config import ServeConfig
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 
-N_IN = 8
+N_IN = 16  # the risk example's features
 
 
 def _sim_rows(bundle, x: np.ndarray) -> np.ndarray:
@@ -36,7 +36,11 @@ def _body(x: np.ndarray, name="x", dtype="FP32") -> dict:
 
 @pytest.fixture(scope="module")
 def bundle():
-    return standin.make_bundle(n_in=N_IN)
+    from offload.host.bundle import load
+
+    b = load(standin.risk_bundle_path())
+    assert b.name == "risk"
+    return b
 
 
 def test_stock_triton_client_json_and_binary(bundle):
@@ -64,17 +68,17 @@ def test_stock_triton_client_json_and_binary(bundle):
 
 
 def test_concurrent_requests_each_get_their_own_rows(bundle):
-    # A 3 ms batching window and 400 concurrent requests: batches must form, and every response
+    # A 3 ms batching window and 200 concurrent requests: batches must form, and every response
     # must still be exactly the single-row sim result for that request's own rows.
     svc = ScoringService(bundle, ServeConfig(device="sim", max_batch_size=32, max_queue_delay_us=3000, max_queue_size=1000))
     rng = np.random.default_rng(7)
-    sizes = rng.integers(1, 4, 400)
+    sizes = rng.integers(1, 4, 200)
     xs = [rng.uniform(-4, 4, (int(n), N_IN)).astype(np.float32) for n in sizes]
     want = _sim_rows(bundle, np.concatenate(xs))
     offs = np.concatenate([[0], np.cumsum(sizes)])
 
     async def go(url):
-        limits = httpx.Limits(max_connections=100)
+        limits = httpx.Limits(max_connections=50)
         async with httpx.AsyncClient(base_url=f"http://{url}", limits=limits, timeout=30) as c:
             rs = await asyncio.gather(*[c.post("/v2/models/risk/infer", json={**_body(x), "id": str(i)}) for i, x in enumerate(xs)])
             return rs
@@ -94,7 +98,7 @@ def test_concurrent_requests_each_get_their_own_rows(bundle):
     assert n_batches < len(xs), "no batching happened"
 
 
-_BIN_HEAD = b'{"inputs":[{"name":"x","shape":[1,8],"datatype":"FP32","parameters":{"binary_data_size":32}}]}'
+_BIN_HEAD = b'{"inputs":[{"name":"x","shape":[1,16],"datatype":"FP32","parameters":{"binary_data_size":32}}]}'
 HOSTILE = [
     # (description, body bytes or json, headers, status, words the error must name)
     ("malformed JSON", b'{"inputs": [', {}, 400, "malformed JSON"),
@@ -103,7 +107,7 @@ HOSTILE = [
     ("wrong input name", {"inputs": [{"name": "z", "shape": [1, N_IN], "datatype": "FP32", "data": [0.0] * N_IN}]}, {}, 400, "'z'"),
     ("wrong datatype", {"inputs": [{"name": "x", "shape": [1, N_IN], "datatype": "INT64", "data": [0] * N_IN}]}, {}, 400, "INT64"),
     ("wrong feature count", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [0.0] * 3}]}, {}, 400, "features"),
-    ("shape/data mismatch", {"inputs": [{"name": "x", "shape": [2, N_IN], "datatype": "FP32", "data": [0.0] * N_IN}]}, {}, 400, "needs 16"),
+    ("shape/data mismatch", {"inputs": [{"name": "x", "shape": [2, N_IN], "datatype": "FP32", "data": [0.0] * N_IN}]}, {}, 400, "needs 32"),
     ("3-d shape", {"inputs": [{"name": "x", "shape": [1, 1, N_IN], "datatype": "FP32", "data": [0.0] * N_IN}]}, {}, 400, "shape"),
     ("strings", {"inputs": [{"name": "x", "shape": [1, N_IN], "datatype": "FP32", "data": ["a"] * N_IN}]}, {}, 400, "numbers"),
     ("ragged", {"inputs": [{"name": "x", "shape": [2, N_IN], "datatype": "FP32", "data": [[0.0] * N_IN, [0.0]]}]}, {}, 400, "rectangular"),
@@ -132,7 +136,7 @@ def test_hostile_input_gets_4xx_json_and_service_keeps_serving(bundle):
             raw = x.astype("<f4").tobytes()
             head = f'{{"inputs":[{{"name":"x","shape":[1,{N_IN}],"datatype":"FP32","parameters":{{"binary_data_size":{len(raw)}}}}}]}}'.encode()
             r = c.post("/v2/models/risk/infer", content=head + raw, headers={"Inference-Header-Content-Length": str(len(head))})
-            assert r.status_code == 400 and "x[0, 5]" in r.json()["error"], r.text
+            assert r.status_code == 400 and "row 0 column 5" in r.json()["error"], r.text
         r = c.post("/v2/models/risk/infer", content=b"0" * (65 * 1024))
         assert r.status_code == 413 and "limit" in r.json()["error"]
         r = c.post("/v2/models/other/infer", json=_body(good))

@@ -1,0 +1,89 @@
+"""CLI subcommands of the scoring service: ``offload serve``, ``offload bench``, ``offload example``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+__all__ = ["serve_cmd", "bench_cmd", "example_cmd"]
+
+
+@click.command("serve")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told otherwise).")
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--device", default="sim", show_default=True, help="sim | emu | xrt:N | pynq:N")
+@click.option("--max-batch-size", default=64, show_default=True, type=int, help="Rows per device call.")
+@click.option("--max-queue-delay-us", default=100, show_default=True, type=int, help="Longest wait for a fuller batch.")
+@click.option("--max-queue-size", default=1024, show_default=True, type=int, help="Queued requests beyond this get 503.")
+@click.option("--api-key", default=None, envvar="OFFLOAD_API_KEY", help="Require 'Authorization: Bearer KEY' (also $OFFLOAD_API_KEY).")
+@click.option("--fallback", type=click.Choice(["sim", "503"]), default="sim", show_default=True, help="On a device fault: re-run on the sim device, or answer 503.")
+@click.option("--request-timeout-ms", default=1000.0, show_default=True, type=float)
+@click.option("--ray", "use_ray", is_flag=True, help="Deploy with Ray Serve instead (one replica per card).")
+@click.option("--replicas", default=1, show_default=True, type=int, help="Ray Serve replicas.")
+@click.option("--ray-resource", default="fpga", show_default=True, help="Ray custom resource that marks a host's cards.")
+@click.option("--log-level", default="warning", show_default=True)
+def serve_cmd(bundle, host, port, device, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, use_ray, replicas, ray_resource, log_level):
+    """Serve BUNDLE over the Open Inference Protocol v2 (KServe/Triton HTTP/REST)."""
+    from offload.serve.config import ServeConfig
+
+    try:
+        cfg = ServeConfig(
+            device=device,
+            max_batch_size=max_batch_size,
+            max_queue_delay_us=max_queue_delay_us,
+            max_queue_size=max_queue_size,
+            request_timeout_ms=request_timeout_ms,
+            fallback=fallback,
+            api_key=api_key,
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    if use_ray:
+        from offload.serve.ray_serve import run_ray
+
+        run_ray(str(Path(bundle).resolve()), cfg, replicas=replicas, resource=ray_resource, host=host, port=port)
+        return
+    from offload.serve.server import serve
+
+    click.echo(f"offload serve: {bundle} on http://{host}:{port} (device {device}, max batch {max_batch_size}, delay {max_queue_delay_us} us)", err=True)
+    serve(bundle, cfg, host=host, port=port, log_level=log_level)
+
+
+@click.command("bench")
+@click.argument("url")
+@click.option("--rate", required=True, type=float, help="Requests per second (constant, open loop).")
+@click.option("--duration", required=True, type=float, help="Seconds of load.")
+@click.option("--batch", default=1, show_default=True, type=int, help="Rows per request.")
+@click.option("--model", default=None, help="Model name, when URL is just http://HOST:PORT.")
+@click.option("--api-key", default=None, envvar="OFFLOAD_API_KEY")
+@click.option("--out", default="offload-bench", show_default=True, help="Writes OUT.json and OUT.png.")
+def bench_cmd(url, rate, duration, batch, model, api_key, out):
+    """Open-loop load on URL (http://127.0.0.1:PORT/v2/models/NAME): latency percentiles and throughput."""
+    from offload.serve.loadgen import run_load, write_report
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        res = asyncio.run(run_load(url, rate, duration, batch=batch, model=model, headers=headers))
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from None
+    write_report(res, f"{out}.json", f"{out}.png")
+    click.echo(res.summary())
+    click.echo(f"  wrote {out}.json and {out}.png")
+
+
+@click.command("example")
+@click.argument("name", type=click.Choice(["risk"]))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--seed", default=0, show_default=True, type=int)
+def example_cmd(name, out, seed):
+    """Train and write an example bundle (``risk``: a transaction-risk MLP) to OUT."""
+    from offload.examples.risk import build_risk_bundle
+
+    b = build_risk_bundle(out, seed=seed)
+    m = b.meta
+    click.echo(f"wrote {out}: model {b.name!r}, {len(m['features'])} features, AUC float {m['auc_float']:.4f}, quantized {m['auc_quantized']:.4f}")
