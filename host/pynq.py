@@ -134,18 +134,23 @@ class PynqDevice(BufferedDevice):
         if not names:
             raise DeviceError(f"kernel {loaded.kernel.name!r}: no compute unit of {loaded.top!r} in xclbin {self._xclbin} (IPs: {sorted(ip_dict)})")
         cus = []
+        uploaded: dict[tuple[int, Any], Any] = {}  # (arg, bank) -> buffer: CUs on one bank share a table
         for cu in names:
             regs = ip_dict[cu].get("registers", {})
-            targets = {i: self._target(regs.get(a.name, {}).get("memory")) for i, a in enumerate(loaded.args) if a.role != "scalar"}
+            tags = {i: regs.get(a.name, {}).get("memory") for i, a in enumerate(loaded.args) if a.role != "scalar"}
+            targets = {i: self._target(tag) for i, tag in tags.items()}
             bufs = {}
             for i, a in enumerate(loaded.args):
-                if a.role == "resident":
+                if a.role != "resident":
+                    continue
+                if (i, tags[i]) not in uploaded:
                     arr = resident[a.name]
                     buf = self._pynq.allocate(arr.shape, arr.dtype, target=targets[i])
                     buf[...] = arr
                     buf.sync_to_device()
                     self._resident_bufs.append(buf)
-                    bufs[i] = buf
+                    uploaded[(i, tags[i])] = buf
+                bufs[i] = uploaded[(i, tags[i])]
             cus.append(_PynqCu(cu, getattr(self._ol, cu), targets, bufs))
         return _PynqKernel(cus, itertools.cycle(cus), threading.Lock())
 

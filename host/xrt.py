@@ -7,7 +7,7 @@ the first step by hand. ``$OFFLOAD_XCLBIN`` names an xclbin to load when a bare 
 
 Per kernel, one ``pyxrt.kernel`` per compute unit (``"top:{top_1}"``) is opened in shared mode;
 resident tensors are written to buffer objects in each argument's memory bank
-(``kernel.group_id(i)``) once. A call takes per-call buffer objects from a pool (reused by bank
+(``kernel.group_id(i)``) once, shared by the compute units wired to the same bank. A call takes per-call buffer objects from a pool (reused by bank
 and size), writes and syncs them to the device, starts the next compute unit round-robin, waits
 with a timeout and checks the returned ``pyxrt.ert_cmd_state``, then syncs the outputs back.
 
@@ -129,19 +129,23 @@ class XrtDevice(BufferedDevice):
             raise DeviceError(f"kernel {loaded.kernel.name!r}: top function {loaded.top!r} is not in xclbin {self._xclbin} (it holds {self._xclbin_kernels})")
         names = self._compute_units.get(loaded.top) or [None]
         cus = []
+        uploaded: dict[tuple[int, int], Any] = {}  # (arg, bank) -> bo: CUs on the same bank share a table
         for cu in names:
             kname = loaded.top if cu is None else f"{loaded.top}:{{{cu}}}"
             k = pyxrt.kernel(self._dev, self._uuid, kname, pyxrt.kernel.cu_access_mode.shared)
             groups = {i: k.group_id(i) for i, a in enumerate(loaded.args) if a.role != "scalar"}
             bos = {}
             for i, a in enumerate(loaded.args):
-                if a.role == "resident":
+                if a.role != "resident":
+                    continue
+                if (i, groups[i]) not in uploaded:
                     arr = resident[a.name]
                     bo = pyxrt.bo(self._dev, max(arr.nbytes, _MIN_BO), pyxrt.bo.normal, groups[i])
                     if arr.nbytes:
                         bo.write(arr.reshape(-1).view(np.uint8), 0)
                         bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, arr.nbytes, 0)
-                    bos[i] = bo
+                    uploaded[(i, groups[i])] = bo
+                bos[i] = uploaded[(i, groups[i])]
             cus.append(_Cu(cu or loaded.top, k, bos, groups))
         return _XrtKernel(cus, itertools.cycle(cus), threading.Lock())
 

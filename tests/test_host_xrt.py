@@ -196,3 +196,22 @@ def test_real_card_runs_a_built_bundle():
             inp = golden_inputs(k.spec, rng, case)
             assert_same(dev.run(hx[name], inp, timeout=10.0), sim.run(hs[name], inp))
     dev.close()
+
+
+@pytest.mark.parametrize("banks, resident_bos", [("per_cu", 3), ("shared", 1)])
+def test_cus_on_one_bank_share_the_resident_tables(fakes, tmp_path, banks, resident_bos):
+    """Three CUs: each gets its own copy of a resident tensor only when it sits on its own bank."""
+    pyxrt, pynq = fakes
+    b = bundle_with_xclbin(tmp_path, [sa.make_kernel("sa", n=8, scale=3)], cus=3, banks=banks)
+    dev, sim = open_device("xrt:0"), open_device("sim")
+    h = dev.load_bundle(b)["sa"]
+    assert pyxrt.stats["bo_allocs"] == resident_bos
+    inp = sa.make_inputs(n=8, batch=2)
+    want = sim.run(sim.load(b.kernels["sa"]), inp)
+    for _ in range(3):
+        assert_same(dev.run(h, inp), want)
+    p = open_device("pynq:0")
+    hp = p.load_bundle(b)["sa"]
+    assert pynq.stats["allocations"] == resident_bos
+    for _ in range(3):
+        assert_same(p.run(hp, inp), want)

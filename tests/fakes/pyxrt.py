@@ -16,7 +16,7 @@ real card would fail or corrupt).
 
 THE "XCLBIN" IS A TEST ARTIFACT: there is no real xclbin here, so this fake reads a small JSON
 file (``{"format": "offload-test-fake-xclbin", "uuid", "xsa", "kernels": [{"name", "kind",
-"spec", "cus"}]}``) naming each kernel's kind and spec; it is written by ``write_xclbin`` below
+"spec", "cus", "banks"?}]}``; ``"banks": "shared"`` wires every CU to the same banks) naming each kernel's kind and spec; it is written by ``write_xclbin`` below
 or by the build's fake flow in tests. A real xclbin is a binary axlf container.
 
 Fault injection (test hooks, not pyxrt API): ``inject_fault(state, count)`` makes the next
@@ -303,8 +303,10 @@ class kernel:
         if a.role == "scalar":
             raise RuntimeError(f"group_id: argument {index} is not a global memory argument")
         bundles = sorted({x.bundle or "" for x in self._top.args if x.role != "scalar"})
-        # Each CU sits next to its own banks (as with HBM pseudo-channels per SLR).
-        return self._cu_index * 16 + bundles.index(a.bundle or "")
+        # Each CU has its own banks, unless the xclbin entry says its CUs share them
+        # ("banks": "shared", as the embedding connectivity maps every CU's tables identically).
+        per_cu = 0 if self._entry.get("banks") == "shared" else self._cu_index * 16
+        return per_cu + bundles.index(a.bundle or "")
 
     def __call__(self, *args) -> run:
         top = self._top

@@ -204,8 +204,9 @@ class Overlay:
         for k in d["kernels"]:
             top = load_top(get_kind(k["kind"]).spec_from_json(k["spec"]))
             bundles = sorted({a.bundle or "" for a in top.args if a.role != "scalar"})
+            shared = k.get("banks") == "shared"
             for ci, cu in enumerate(k.get("cus") or [f"{k['name']}_1"]):
-                def bank_of(a, ci=ci, bundles=bundles):
+                def bank_of(a, ci=0 if shared else ci, bundles=bundles):
                     return f"HBM[{ci * 16 + bundles.index(a.bundle or '')}]"
 
                 regs = {}
