@@ -30,6 +30,7 @@ from offload.host.device import register_device
 
 __all__ = ["EmuDevice", "load_top"]
 
+
 @dataclass
 class _EmuKernel:
     top: CTop
