@@ -289,4 +289,12 @@ def advise(
             # tables in parallel channels; the host runs them one after the other.
             pred = predict_lookup(cardv, lookups, rows, b, dims=dims, rows_per_table=nrows)
             advice.rows.append(_row(f"all {len(bags)} tables (batched)", "embedding_bag", f"{len(bags)} tables", b, "sum of above", host_bags, pred, cardv))
+    # Everything the advisor says to offload at the largest batch has to fit on the card together.
+    big = max(sizes)
+    chosen = [r for r in advice.rows if r.batch == big and r.verdict == "offload" and "(batched)" not in r.name]
+    if chosen:
+        total = {k: sum(r.resources[k] for r in chosen) for k in _RES_KEYS}
+        ok, over = _fits(cardv, total)
+        advice.notes.append(f"at batch {big}, the {len(chosen)} candidates to offload need together "
+                            + ", ".join(f"{k} {total[k]:.0f}" for k in _RES_KEYS) + ("" if ok else f": over the card's budget ({over})"))
     return advice

@@ -271,6 +271,14 @@ def _kept_model(model: nn.Module, err: Exception, device: str, card: Card) -> nn
     return out
 
 
+def _mlp_params() -> set[str]:
+    import inspect
+
+    import offload.nn as onn
+
+    return set(inspect.signature(onn.MLP.from_float).parameters)
+
+
 def offload(
     model: nn.Module,
     example_inputs: Any,
@@ -391,6 +399,9 @@ def offload(
         float_refs[name] = c.module
         d.offloaded, d.replacement, d.reason = True, name, why
 
+    if any(d.offloaded and d.kind == "mlp" for d in report.decisions) and "device" not in _mlp_params():
+        report.notes.append("offload.nn.MLP takes no device argument: MLP chains run on the process's default device "
+                            "($OFFLOAD_DEVICE, else sim), whatever `device` says")
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.graph.lint()
