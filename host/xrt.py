@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -175,8 +176,12 @@ class XrtDevice(BufferedDevice):
                     call_args.append(bo)
                     if a.role == "output":
                         outs.append((a.name, host, bo))
-            run = cu.kernel(*call_args)
-            state = run.wait(int(timeout * 1000)) if timeout is not None else run.wait()
+            try:
+                run = cu.kernel(*call_args)
+            except Exception as e:  # XRT refuses the start (bad argument, lost card)
+                raise DeviceError(f"kernel {loaded.kernel.name!r} (compute unit {cu.name}) on {self.name!r}: XRT cannot start it: {e}") from e
+            # wait(0) means "no timeout" to XRT: a positive timeout is at least 1 ms.
+            state = run.wait(max(1, math.ceil(timeout * 1000))) if timeout is not None else run.wait()
             # A timed-out run may still be writing its buffers: they must not serve another call.
             reuse = state != pyxrt.ert_cmd_state.ERT_CMD_STATE_TIMEOUT
             self._check_state(loaded, cu, state, timeout)
