@@ -98,6 +98,10 @@ def _as_bundle(obj: Any, name: str | None, meta: Mapping[str, Any] | None) -> Bu
         b.meta.update(meta)
     if not b.kernels:
         raise ValueError("save: no kernels to save")
+    try:
+        json.dumps(b.meta)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"save: meta must be JSON-serialisable (str, numbers, lists, dicts): {e}") from None
     return b
 
 

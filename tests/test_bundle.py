@@ -130,6 +130,9 @@ def test_save_refuses_to_clobber_other_directories(tmp_path):
         save([sa.make_kernel("a"), sa.make_kernel("a")], tmp_path / "dup")
     with pytest.raises(TypeError, match="offload_kernels"):
         save(object(), tmp_path / "obj")
+    with pytest.raises(TypeError, match="meta must be JSON-serialisable"):
+        save(_kernels(), tmp_path / "meta", meta={"weights": np.zeros(3)})
+    assert not (tmp_path / "meta").exists()
 
 
 def test_xclbin_uuid_from_axlf_header(tmp_path, monkeypatch):
