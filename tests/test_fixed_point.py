@@ -355,3 +355,50 @@ def test_proof_covers_every_mode(suite):
     assert any(t.integer < 0 for t in qt) and any(t.integer > t.width for t in qt)
     ops = {c.op for c in suite.cases}
     assert ops == {"quantize", "cast", "add", "sub", "mul", "acc"}
+
+
+def test_proof_case_validation():
+    with pytest.raises(ValueError, match="Case.op must be one of"):
+        fixed_proof.Case("div", (P("ap_fixed<8,3>"), P("ap_fixed<8,3>")))
+    with pytest.raises(ValueError, match="takes 2 types"):
+        fixed_proof.Case("cast", (P("ap_fixed<8,3>"),))
+    with pytest.raises(ValueError, match="wider than the 64 bits"):
+        fixed_proof.Case("mul", (P("ap_fixed<40,3>"), P("ap_fixed<40,3>")))
+    with pytest.raises(ValueError, match="at most 64 bits"):
+        fixed_proof.Case("quantize", (P("ap_fixed<65,3>"),))
+
+
+@pytest.mark.slow
+@needs_cxx
+def test_random_sweep_second_seed():
+    """A second, independent draw of random types (quantize, cast, accumulate) in its own program."""
+    rng = np.random.default_rng(SEED + 1000)
+    C = fixed_proof.Case
+    cases, inputs = [], []
+    while len(cases) < 40:
+        t = _random_type(rng)
+        cases.append(C("quantize", (t,)))
+        inputs.append(_float_inputs(t, rng))
+    while len(cases) < 80:
+        s, d = _random_type(rng), _random_type(rng)
+        if not (d.is_int and not s.is_int and s.integer < 0):
+            cases.append(C("cast", (s, d)))
+            inputs.append(_raw_inputs(s, rng, dst=d))
+    while len(cases) < 90:
+        x, a = _random_type(rng, 40, allow_int=False), _random_type(rng, 40, allow_int=False)
+        if add_type(a, x).width <= 64:
+            xs = np.resize(_raw_inputs(x, rng, 300), 300)
+            rng.shuffle(xs)
+            cases.append(C("acc", (x, a)))
+            inputs.append((xs.reshape(30, 10), _raw_inputs(a, rng, 30)[:30]))
+    failures = []
+    for c, x, ref in zip(cases, inputs, fixed_proof.run_cases(cases, inputs)):
+        if c.op == "quantize":
+            got, ref = c.types[0].quantize(x), ref[0]
+        elif c.op == "cast":
+            got = c.types[1].cast(x, c.types[0])
+        else:
+            got = accumulate(x[0], c.types[0], c.types[1], axis=1, init=x[1])
+        if not np.array_equal(got, ref):
+            failures.append(_mismatch_report(f"{c.op} {', '.join(map(str, c.types))}", x if c.op != "acc" else x[1], got, ref))
+    assert not failures, "\n".join(failures)

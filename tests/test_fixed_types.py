@@ -56,6 +56,8 @@ def test_attributes_follow_the_definitions():
     assert (u.F, u.min_raw, u.max_raw, u.lsb, u.max_float) == (-2, 0, 15, 4.0, 60.0)
     assert P("ap_uint<64>").raw_dtype == np.uint64 and P("ap_int<64>").raw_dtype == np.int64
     assert FixedType(16, 6, rounding="AP_RND_CONV", overflow="AP_SAT") == P("ap_fixed<16,6,AP_RND_CONV,AP_SAT>")
+    assert t.with_modes("AP_TRN", "AP_WRAP") == FixedType(8, 3)
+    assert P("ap_int<8>").with_modes(overflow="AP_SAT") == P("ap_fixed<8,8,AP_TRN,AP_SAT>")
     with pytest.raises(AttributeError):
         t.width = 9  # frozen
 
