@@ -1,0 +1,80 @@
+"""The open-loop load tool: counts, report files, loopback-only, and no coordinated omission."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import _serve_standin as standin
+from _serve_live import live
+from offload.serve.app import ScoringService
+from offload.serve.config import ServeConfig
+from offload.serve.loadgen import run_load
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    from offload.host.bundle import load
+
+    return load(standin.risk_bundle_path())
+
+
+def test_refuses_non_loopback_and_unbounded_runs():
+    for url in ("http://10.1.2.3:8000/v2/models/risk", "http://example.com/v2/models/risk", "https://127.0.0.1/v2/models/risk"):
+        with pytest.raises(ValueError, match="loopback|http://"):
+            asyncio.run(run_load(url, 10, 1))
+    with pytest.raises(ValueError, match="duration"):
+        asyncio.run(run_load("http://127.0.0.1:1/v2/models/risk", 10, 10_000))
+    with pytest.raises(ValueError, match="requests"):
+        asyncio.run(run_load("http://127.0.0.1:1/v2/models/risk", 1e7, 1))
+    with pytest.raises(ValueError, match="name the model"):
+        asyncio.run(run_load("http://127.0.0.1:1", 10, 1))
+
+
+def test_cli_bench_counts_and_reports(bundle, tmp_path):
+    from offload.cli import main
+
+    svc = ScoringService(bundle, ServeConfig(device="sim"))
+    out = tmp_path / "run"
+    with live(svc.app) as url:
+        r = CliRunner().invoke(main, ["bench", f"http://{url}/v2/models/risk", "--rate", "100", "--duration", "1", "--batch", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "p99=" in r.output and "throughput" in r.output
+    res = json.loads((tmp_path / "run.json").read_text())
+    assert res["sent"] == 100 and res["ok"] + sum(res["errors"].values()) == 100
+    assert res["ok"] == 100, res["errors"]
+    lat = res["latency_us"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The server saw exactly what the tool sent: 100 requests of 2 rows.
+    rows = svc.metrics.registry.get_sample_value("offload_batch_size_sum", {"model": "risk"})
+    assert rows == 200
+
+
+def test_latency_counts_from_the_due_time_not_the_send_time(bundle):
+    # The device is blocked for the first second. An open-loop tool keeps sending on schedule and
+    # charges every request the time since it was DUE. The gate opens >= 1.0 s after the timer
+    # starts and the schedule starts within ~0.3 s of it (one metadata GET), so >= 45 requests are
+    # due >= 0.25 s before any answer can come: each must show >= 0.25 s. A closed-loop tool would
+    # record one slow request and simply send fewer.
+    standin.GatedDevice.gate.clear()
+    svc = ScoringService(bundle, ServeConfig(device="gated", max_batch_size=64, request_timeout_ms=30000))
+    with live(svc.app) as url:
+        timer = threading.Timer(1.0, standin.GatedDevice.gate.set)
+        timer.start()
+        res = asyncio.run(run_load(f"http://{url}/v2/models/risk", 100, 1.5, timeout=30))
+        timer.join()
+    assert res.ok == res.sent == 150
+    slow = sum(1 for v in _values(res.hist) if v >= 250_000)
+    assert slow >= 25, f"only {slow} requests show the stall"
+
+
+def _values(hist):
+    for item in hist.get_recorded_iterator():
+        for _ in range(item.count_at_value_iterated_to):
+            yield item.value_iterated_to
