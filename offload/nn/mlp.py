@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -27,7 +28,6 @@ import torch
 
 import offload._ops_mlp  # noqa: F401  (registers torch.ops.offload.mlp_score)
 from offload._runtime import make_resident, release_resident
-from offload.host import default_device
 from offload.kernels import Kernel
 from offload.kernels.mlp import MlpSpec, validate
 from offload.quant.ptq import (
@@ -128,14 +128,18 @@ class _Built:
 class MLP(torch.nn.Module):
     """A fixed-point scoring MLP running on an offload device; build with :meth:`from_float`."""
 
-    def __init__(self, spec: MlpSpec, layers: list[FloatLayer], report: QuantReport | None = None, name: str = "mlp") -> None:
+    def __init__(self, spec: MlpSpec, layers: list[FloatLayer], report: QuantReport | None = None, name: str = "mlp",
+                 device: Any = None) -> None:
         super().__init__()
         self.spec = spec
         self.kernel_name = name
         self._float_layers = layers
         self.report = report
         self._tensors = spec.tensors()
-        self._resident: dict[int, Any] = {}
+        # Resident once, on the active device (or ``device``); the op only carries the id.
+        self._res = make_resident(self.offload_kernels()[0], device)
+        self.rid: int = self._res.id
+        weakref.finalize(self, release_resident, self.rid)
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
@@ -154,6 +158,7 @@ class MLP(torch.nn.Module):
         budget: float | None = None,
         drift_threshold: float = 0.2,
         name: str = "mlp",
+        device: Any = None,
     ) -> "MLP":
         """Quantize ``seq`` (a ``torch.nn.Sequential`` in eval semantics) into an MLP kernel.
 
@@ -165,6 +170,7 @@ class MLP(torch.nn.Module):
         index in ``seq`` (see ``MLP.layer_names(seq)``).
         ``labels`` (with "auto") switch the end-to-end budget to AUC drop; ``reference`` is a
         feature sample the calibration set is checked against (``CalibrationDriftWarning``).
+        ``device``: where the kernel lives (a spec string or Device; default the active device).
         """
         if not isinstance(reuse_factor, int) or reuse_factor < 1:
             raise ValueError(f"reuse_factor must be an int >= 1, got {reuse_factor!r}")
@@ -188,7 +194,7 @@ class MLP(torch.nn.Module):
             report = quant_report(layers, input_type, types, calib_np, labels=None) if calib_np is not None else None
         sim_layers, consts = build_layers(layers, types)
         spec = MlpSpec(nf, input_type, tuple(sim_layers), consts, reuse_factor)
-        return cls(spec, layers, report, name)
+        return cls(spec, layers, report, name, device)
 
     @staticmethod
     def layer_names(seq: torch.nn.Module, n_features: int | None = None) -> list[str]:
@@ -196,19 +202,11 @@ class MLP(torch.nn.Module):
         return [layer.name for layer in float_layers(seq, n_features)]
 
     # -- running ---------------------------------------------------------------------------------
-    def _rid(self) -> int:
-        dev = default_device()
-        key = id(dev)
-        res = self._resident.get(key)
-        if res is None:
-            res = self._resident[key] = make_resident(self.offload_kernels()[0], dev)
-        return res.id
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Scores [B, n_out] in ``x``'s dtype, computed by the kernel on the active device."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"MLP.forward takes a torch.Tensor, got {type(x).__name__}")
-        return torch.ops.offload.mlp_score(self._rid(), x)
+        return torch.ops.offload.mlp_score(self.rid, x)
 
     def simulate(self, x: Any) -> np.ndarray:
         """Exact fixed-point outputs (float64 [B, n_out]) of float features ``x`` [B, F]."""
@@ -220,11 +218,10 @@ class MLP(torch.nn.Module):
         """The kernel(s) a bundle saves: one ``mlp`` kernel (spec JSON + raw weights)."""
         return [Kernel(self.kernel_name, self.spec, {k: v.copy() for k, v in self._tensors.items()})]
 
-    def release(self) -> None:
-        """Drop this module's resident kernels."""
-        for res in self._resident.values():
-            release_resident(res.id)
-        self._resident.clear()
+    @property
+    def device(self):
+        """The offload device the kernel is resident on."""
+        return self._res.device
 
     # -- hls4ml ----------------------------------------------------------------------------------
     def canonical_torch(self) -> torch.nn.Sequential:

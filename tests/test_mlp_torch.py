@@ -1,0 +1,99 @@
+"""offload.nn.MLP and torch.ops.offload.mlp_score: module API, the op's contracts, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import offload
+from offload.kernels import get_kind
+from offload.kernels.mlp import MlpSpec
+
+
+def _seq(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+        torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2),
+    ).eval()
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    rng = np.random.default_rng(0)
+    return offload.nn.MLP.from_float(_seq(), calib=rng.normal(size=(800, 6)), precision="ap_fixed<16,6,AP_RND,AP_SAT>")
+
+
+def test_forward_runs_the_kernel_and_equals_simulate(mlp):
+    x = torch.randn(33, 6) * 4
+    y = mlp(x)
+    assert y.dtype == torch.float32 and y.shape == (33, 2)
+    exact = mlp.simulate(x.numpy())
+    assert np.array_equal(y.numpy(), exact.astype(np.float32))
+    y64 = mlp(x.double())
+    assert y64.dtype == torch.float64 and np.array_equal(y64.numpy(), exact)
+
+
+def test_opcheck_and_compile_fullgraph(mlp):
+    rid = mlp.rid
+    x = torch.randn(5, 6)
+    torch.library.opcheck(torch.ops.offload.mlp_score.default, (rid, x))
+    fn = torch.compile(lambda t: mlp(t) * 2.0, fullgraph=True, backend="eager")
+    assert torch.equal(fn(x), mlp(x) * 2.0)
+
+
+def test_bad_inputs_are_clear_errors(mlp):
+    x = torch.zeros(4, 6)
+    x[3, 5] = float("nan")
+    with pytest.raises(ValueError, match="row 3 column 5"):
+        mlp(x)
+    with pytest.raises(ValueError, match="row 3 column 5"):
+        mlp.simulate(x.numpy())
+    with pytest.raises(ValueError, match=r"\[batch, 6\]"):
+        mlp(torch.zeros(4, 7))
+    with pytest.raises(TypeError, match="floating point"):
+        mlp(torch.zeros(4, 6, dtype=torch.int64))
+    # Extreme but finite values saturate like the hardware; nothing raises.
+    huge = torch.full((2, 6), 3.0e38)
+    assert torch.isfinite(mlp(huge)).all()
+
+
+def test_offload_kernels_are_json_and_numpy_and_serve_without_torch(mlp):
+    (k,) = mlp.offload_kernels()
+    spec = MlpSpec.from_json(json.loads(json.dumps(k.spec.to_json())))
+    assert all(isinstance(v, np.ndarray) and v.dtype == np.int64 for v in k.tensors.values())
+    x = np.random.default_rng(1).normal(size=(10, 6))
+    out = get_kind("mlp").reference(spec, k.tensors, {"x": x})
+    assert set(out) == {"y"} and np.array_equal(out["y"], mlp.simulate(x))
+
+
+def test_unsupported_layers_and_bad_precision_are_named():
+    seq = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 1))
+    with pytest.raises(TypeError, match=r"layer '1' \(GELU\).*supported: Linear, ReLU"):
+        offload.nn.MLP.from_float(seq, precision="ap_fixed<16,6>")
+    seq = _seq()
+    with pytest.raises(KeyError, match="unknown keys"):
+        offload.nn.MLP.from_float(seq, precision={"nope": "ap_fixed<8,3>"})
+    with pytest.raises(ValueError, match="not an ap_types type"):
+        offload.nn.MLP.from_float(seq, precision="float32")
+    with pytest.raises(ValueError, match="calibration set"):
+        offload.nn.MLP.from_float(seq)
+    with pytest.raises(ValueError, match="in_features=6 but its input has 5 features"):
+        offload.nn.MLP.from_float(seq, calib=np.zeros((10, 5)))
+
+
+def test_per_layer_precision_dict_reaches_the_spec():
+    seq = _seq()
+    names = offload.nn.MLP.layer_names(seq)
+    assert names == ["fc0", "bn1", "relu2", "fc4", "tanh5", "fc6"]
+    prec = {"default": "ap_fixed<12,5>", "input": "ap_fixed<10,4,AP_RND,AP_SAT>",
+            "fc4": {"accum": "ap_fixed<20,8,AP_TRN,AP_SAT>"}, "tanh5": {"table_size": 512}}
+    m = offload.nn.MLP.from_float(seq, precision=prec, n_features=6, reuse_factor=2)
+    layers = {layer.name: layer for layer in m.spec.layers}
+    assert m.spec.input_type == "ap_fixed<10,4,AP_RND,AP_SAT>"
+    assert layers["fc4"].accum == "ap_fixed<20,8,AP_TRN,AP_SAT>" and layers["fc4"].weight == "ap_fixed<12,5>"
+    assert layers["tanh5"].table_size == 512 and layers["tanh5"].table == "ap_fixed<18,8>"
+    assert m.spec.reuse_factor == 2
