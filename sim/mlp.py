@@ -59,6 +59,7 @@ OPS = ("dense", "batchnorm", "relu", "leaky_relu", "sigmoid", "tanh")
 # Fraction of the table range: sigmoid's table spans [-8, 8), tanh's [-4, 4) (nnet_activation.h).
 _TABLE_SPAN = {"sigmoid": 16, "tanh": 8}
 _ROW_BLOCK_ELEMS = 1 << 22  # products per block on the exact (slow) dense path: bounds memory
+_FAST_DENSE = True  # tests turn the exact-GEMM shortcut off to check it against the step-by-step path
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, 
     pt = mul_type(xt, wt)
     x = x.astype(np.int64, copy=False)
     shift = at.F - pt.F
-    if shift >= 0 and at.signed and not at.is_int and pt.width <= 62 and at.width <= 62 and x.size:
+    if _FAST_DENSE and shift >= 0 and at.signed and not at.is_int and pt.width <= 62 and at.width <= 62 and x.size:
         # Fast path: each product lands on the accumulator grid without rounding; when no partial
         # sum can leave accum_t's range (bound taken from this batch's own inputs) the saturating /
         # wrapping steps are all identities and the result is an exact integer matrix product.
