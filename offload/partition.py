@@ -142,6 +142,8 @@ def _calib_batches(calib: Any, example: tuple) -> list[tuple]:
         return [example]
     if isinstance(calib, torch.Tensor):
         return [(calib,)]
+    if hasattr(calib, "__array__") and not isinstance(calib, (list, tuple)):  # one NumPy batch of features
+        return [(torch.as_tensor(calib),)]
     if not isinstance(calib, (list, tuple)) or not calib:
         raise TypeError("calib: expected a non-empty list of example input batches (each a tuple of args or a tensor)")
     return [_as_args(b) for b in calib]
