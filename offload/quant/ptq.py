@@ -61,6 +61,7 @@ _ROLES = {
 }
 _MAX_CALIB_ROWS = 4096
 _F_MAX = 18
+_MAX_TABLE = 16384
 _F_MIN = 0
 
 
@@ -386,6 +387,12 @@ def choose_precision(
         return _metric(steps[-1][1], flo[-1], ls) <= budget
 
     feasible = ok(state)
+    has_tables = any(fl.op in ("sigmoid", "tanh") for fl in layers)
+    while not feasible and has_tables and table_size < _MAX_TABLE:
+        # The lookup tables' step (16 / table_size for sigmoid) bounds the error whatever the
+        # types: sensitive models get finer tables.
+        table_size *= 2
+        feasible = ok(state)
     if not feasible:
         warnings.warn(
             f"quantization: even {_F_MAX} fraction bits everywhere miss cosine >= {cos_threshold} or the "
@@ -433,6 +440,7 @@ def choose_precision(
         "total_bits": _total_bits(layers, input_type, types),
         "total_bits_widest": _total_bits(layers, *_types_for(layers, plan, _F_MAX, [_F_MAX] * n, [_F_MAX] * n, table_size)),
         "feasible": bool(feasible),
+        "table_size": table_size if has_tables else None,
     }
     report = quant_report(layers, input_type, types, x, labels, metric_budget=budget, cos_threshold=cos_threshold, search=search)
     return input_type, types, report
