@@ -73,6 +73,8 @@ class ScoringService:
             metrics=self.metrics,
             model=self.model.name,
         )
+        self._request_hist = self.metrics.request_duration.labels(model=self.model.name)
+        self._ok_counter = self.metrics.requests.labels(model=self.model.name, code="200")
         self._started = False
         self._timeout_s = cfg.request_timeout_ms / 1e3
         self.app = self._build()
@@ -200,8 +202,11 @@ class ScoringService:
             status, err_type, out = 503, "device_unavailable", str(e)
         except BatcherStopped as e:
             status, err_type, out = 503, "shutting_down", str(e)
-        m.requests.labels(model=model.name, code=str(status)).inc()
-        m.request_duration.labels(model=model.name).observe(time.perf_counter() - t0)
+        self._request_hist.observe(time.perf_counter() - t0)
+        if status == 200:
+            self._ok_counter.inc()
+        else:
+            m.requests.labels(model=model.name, code=str(status)).inc()
         if err_type is not None:
             m.errors.labels(type=err_type).inc()
             return _error(status, out)
