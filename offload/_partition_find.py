@@ -43,8 +43,8 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        return self.nodes[-1].name if self.kind == "mlp" and len(self.nodes) == 1 else (
-            f"{self.nodes[0].name}..{self.nodes[-1].name}" if len(self.nodes) > 1 else self.nodes[0].name)
+        """The node's name, or ``first..last`` for a chain of several."""
+        return self.nodes[0].name if len(self.nodes) == 1 else f"{self.nodes[0].name}..{self.nodes[-1].name}"
 
     @property
     def first(self) -> fx.Node:

@@ -191,6 +191,8 @@ def test_untraceable_model_runs_unchanged_with_reason():
     assert {d.node for d in rep.decisions} == {"bag", "lin"}
     assert all(not d.offloaded and "not traceable" in d.reason for d in rep.decisions)
     torch.testing.assert_close(out(i, o), model(i, o), rtol=0, atol=0)
+    cmp = offload.compare(model, out, (i, o))
+    assert cmp.max_abs_err == 0.0 and cmp.min_cosine == pytest.approx(1.0) and cmp.local == []
 
 
 def test_bad_arguments_raise_typed_errors():
