@@ -121,3 +121,14 @@ def test_cli_serve_triton_client_and_sigterm_drain(cli_bundle):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_demo_section_runs_end_to_end():
+    from rich.console import Console
+
+    from offload.serve.demo import serve_demo_section
+
+    console = Console(record=True, width=120)
+    assert serve_demo_section(console, rate=100, duration=1)
+    text = console.export_text()
+    assert "bit-identical" in text and "exit status 0" in text and "latency plot" in text
