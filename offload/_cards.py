@@ -29,10 +29,11 @@ PCIE_GEN4_X8_EFFECTIVE_BPS = 12.0e9
 # on the wire plus driver time; XRT host-code profiles typically show ~10 us per small sync.
 # Published order of magnitude, not a datasheet figure.
 PCIE_TRANSFER_LATENCY_S = 10e-6
-# XRT kernel start -> done notification for an empty kernel: tens of microseconds (Vitis
-# "Runtime and System Optimization" tutorial, XD099, which is about amortising exactly this
-# per-enqueue cost with batching). 30 us is the middle of that range.
-KERNEL_LAUNCH_S = 30e-6
+# XRT kernel start -> done notification, published measurements: 50-100 us on a U55C with Vitis
+# 2022.1 (github.com/Xilinx/XRT issue #8687, "large overhead for launching kernel"); xrt::run start
+# 16-56 us on a U25 with XRT 2.12 (XRT issue #6601); ~45 us for an empty kernel through XRT
+# (XRT issue #9018). We take the low end of the U55C figure.
+KERNEL_LAUNCH_S = 50e-6
 
 # --- card memory ---------------------------------------------------------------------------------
 # HBM2 on U50/U55C/U280: 32 pseudo channels, 14.375 GB/s max theoretical each, 460 GB/s total
