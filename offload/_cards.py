@@ -43,10 +43,13 @@ HBM_PC_BPS = 14.375e9
 # DDR4-2400 x 64 bit = 19.2 GB/s per channel; UG1393 quotes 19.25 GB/s per DDR channel and
 # 77 GB/s for the four channels of a U250/U200.
 DDR4_CHANNEL_BPS = 19.25e9
-# Idle random 64-byte read latency through the HBM switch: ~100-150 ns measured on a U280 by
-# Shuhai (Wang, Zhou, Alonso, "Shuhai: Benchmarking High Bandwidth Memory on FPGAs", FCCM 2020).
+# Idle random read latency of one HBM pseudo channel (page hit/closed/miss) was measured on a U280
+# by Shuhai (Z. Wang, H. Huang, J. Zhang, G. Alonso, "Shuhai: Benchmarking High Bandwidth Memory
+# on FPGAs", FCCM 2020, DOI 10.1109/FCCM48280.2020.00024), which also measures DDR4 for comparison.
+# Its latencies are O(100 ns); 150 ns here is our rounded assumption for a random row read,
+# not a number copied from the paper's tables (none were at hand): replace with a measured value.
 HBM_RANDOM_READ_LATENCY_S = 150e-9
-# DDR4 through the Alveo memory controller: also ~100-200 ns in the same paper's DDR4 measurements.
+# DDR4 through the Alveo memory controller: same order; assumed slightly slower than HBM.
 DDR_RANDOM_READ_LATENCY_S = 170e-9
 # Vitis HLS m_axi default num_read_outstanding = 16 (UG1399, "set_directive_interface" / m_axi
 # options). Little's law: a master sustains at most 16 reads per latency window.
