@@ -18,16 +18,16 @@ _GB = 1 << 30
 
 # --- host <-> card -------------------------------------------------------------------------------
 # PCIe Gen3 x16: 8 GT/s x 16 lanes x 128b/130b = 15.75 GB/s raw per direction (PCI-SIG Gen3 spec).
-# DMA through XDMA/XRT reaches ~12 GB/s on Alveo cards ("xbutil dma test" sample result on a U200,
-# UG1393 "Determine the Maximum Achievable Throughput", Fig. 1, ~11-12 GB/s each direction).
+# UG1393 ("Determine the Maximum Achievable Throughput") says to measure the effective DMA rate
+# with `xbutil dma test` (its Fig. 1 is such a run on a U200). We assume 12 GB/s, ~76 % of raw,
+# the usual order for XDMA on Gen3 x16; replace with the user's own `xbutil` figure.
 PCIE_GEN3_X16_EFFECTIVE_BPS = 12.0e9
 # U55C's Gen4 x8 link has the same raw rate as Gen3 x16 (16 GT/s x 8), so the same effective figure.
 PCIE_GEN4_X8_EFFECTIVE_BPS = 12.0e9
-# Fixed cost of one host<->card buffer sync (xrt::bo::sync, DMA descriptor setup + completion
-# interrupt). UG1393's guidance that PCIe efficiency collapses below ~4 KB transfers
-# ("PCIe Transfer Write Bandwidth", Vitis guidance) implies a fixed cost of ~4 KB / 12 GB/s = 0.3 us
-# on the wire plus driver time; XRT host-code profiles typically show ~10 us per small sync.
-# Published order of magnitude, not a datasheet figure.
+# Fixed cost of one host<->card buffer sync (xrt::bo::sync: DMA descriptor setup + completion).
+# Vitis guidance ("PCIe Transfer Write Bandwidth", UG1315) flags transfers below ~4 KB as
+# inefficient, i.e. a fixed cost well above the 0.3 us that 4 KB take on the wire. 10 us is our
+# assumption for that fixed cost (driver + interrupt), not a measured figure.
 PCIE_TRANSFER_LATENCY_S = 10e-6
 # XRT kernel start -> done notification, published measurements: 50-100 us on a U55C with Vitis
 # 2022.1 (github.com/Xilinx/XRT issue #8687, "large overhead for launching kernel"); xrt::run start
