@@ -410,7 +410,7 @@ def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Ma
     T = spec.num_tables
     B = (off.shape[0] - 1) // T
     acc, out_t, wt = spec.types()
-    out = np.empty((B, spec.total_dim), dtype=np.int64)
+    out = np.empty((B, spec.total_dim), dtype=np.int64) if T > 1 else None
     col = 0
     for t, ts in enumerate(spec.tables):
         o = off[t * B:(t + 1) * B + 1].astype(np.int64)

@@ -42,21 +42,38 @@ def _host(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().numpy()
 
 
+def _run_raw(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None):
+    res = get_resident(rid)
+    spec = res.kernel.spec
+    wt = spec.types()[2]
+    inputs = {"indices": indices, "offsets": offsets}
+    if per_sample_weights is not None:
+        if per_sample_weights.dtype.kind != "f":
+            raise TypeError(f"per_sample_weights: must be floating point, got {per_sample_weights.dtype}")
+        # Quantized with weight_type's own rounding and overflow modes (saturating by default).
+        inputs["per_sample_weights"] = np.asarray(wt.quantize(per_sample_weights.astype(np.float64, copy=False)), dtype=np.int64)
+    return res.device.run(res.handle, inputs)["out"], spec.types()[1]
+
+
 def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None) -> np.ndarray:
     """Run the resident kernel on host arrays; returns the float64 pooled rows ``B x total_dim``.
 
     ``per_sample_weights`` are floats, quantized here to the kernel's ``weight_type``.
     """
-    res = get_resident(rid)
-    spec = res.kernel.spec
-    acc, out_t, wt = spec.types()
-    inputs = {"indices": indices, "offsets": offsets}
-    if per_sample_weights is not None:
-        if per_sample_weights.dtype.kind != "f":
-            raise TypeError(f"per_sample_weights: must be floating point, got {per_sample_weights.dtype}")
-        inputs["per_sample_weights"] = np.asarray(wt.quantize(per_sample_weights.astype(np.float64, copy=False)), dtype=np.int64)
-    raw = res.device.run(res.handle, inputs)["out"]
+    raw, out_t = _run_raw(rid, indices, offsets, per_sample_weights)
     return np.asarray(out_t.to_float(raw), dtype=np.float64)
+
+
+def _to_dtype(raw: np.ndarray, out_t, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.float32:
+        # round(raw) * 2^-F in float32 equals round(raw * 2^-F): scaling by a power of two commutes
+        # with rounding while results stay normal (|value| >= 2^-F >> 2^-126 for F <= 64).
+        y = raw.astype(np.float32)
+        np.ldexp(y, np.int32(-out_t.F), out=y)
+        return torch.from_numpy(y)
+    out = np.asarray(out_t.to_float(raw), dtype=np.float64)
+    np_dt = _NP_DTYPES.get(dtype)
+    return torch.from_numpy(out.astype(np_dt)) if np_dt is not None else torch.from_numpy(out).to(dtype)
 
 
 def _check(indices: torch.Tensor, offsets: torch.Tensor, psw: Optional[torch.Tensor]) -> None:
@@ -71,10 +88,8 @@ def _check(indices: torch.Tensor, offsets: torch.Tensor, psw: Optional[torch.Ten
 def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     _check(indices, offsets, per_sample_weights)
     w = None if per_sample_weights is None else _host(per_sample_weights)
-    out = lookup_numpy(rid, _host(indices), _host(offsets), w)
-    # One rounding float64 -> dtype, done by NumPy where it has the dtype (cheaper than torch's .to here).
-    np_dt = _NP_DTYPES.get(dtype)
-    y = torch.from_numpy(out.astype(np_dt)) if np_dt is not None else torch.from_numpy(out).to(dtype)
+    raw, out_t = _run_raw(rid, _host(indices), _host(offsets), w)
+    y = _to_dtype(raw, out_t, dtype)
     return y if indices.device.type == "cpu" else y.to(indices.device)
 
 

@@ -163,16 +163,17 @@ def pool_bags(
 
     if nb == 0:
         return np.zeros((0, d), dtype=np.int64)
-    out = np.zeros((nb, d), dtype=np.int64)
     nonempty = counts > 0
     starts = offsets[:-1][nonempty]
     if starts.size == 0 or d == 0:
-        return out
+        return np.zeros((nb, d), dtype=np.int64)
     if nonempty.all():
         # Common path: no empty bags, so no zero rows to fill and no boolean-mask copies.
         if mode == "max":
             return _cast(out_type, _segment_reduce(src, starts, counts, np.max) << shift, acc_type)
         nonempty = slice(None)
+    else:
+        out = np.zeros((nb, d), dtype=np.int64)
 
     if mode == "max":
         out[nonempty] = _segment_reduce(src, starts, counts[nonempty], np.max) << shift

@@ -122,3 +122,21 @@ def test_cpp_matches_sim_random_specs_sweep():
         for B in (1, 17):
             inputs = make_case(rng, spec, B, spec.max_bag_size, weighted=mode == "sum", pad_frac=0.2)
             _compare(spec, kernel, inputs)
+
+
+def test_emu_device_runs_modules_bit_identical_to_sim():
+    # The emu device (another layer's code) drives this kind through HlsKind alone: same outputs.
+    torch = pytest.importorskip("torch")
+    import offload
+
+    torch.manual_seed(0)
+    bags = [torch.nn.EmbeddingBag(40, 6, mode="sum", padding_idx=1), torch.nn.EmbeddingBag(25, 3, mode="sum")]
+    fmts = ["int8_rowwise", "ap_fixed<12,4,AP_RND_CONV,AP_SAT>"]
+    sim = offload.nn.TableBatchedEmbeddingBags.from_float(bags, fmt=fmts, max_bag_size=16, device="sim")
+    emu = offload.nn.TableBatchedEmbeddingBags.from_float(bags, fmt=fmts, max_bag_size=16, device="emu")
+    idx = torch.cat([torch.randint(0, 40, (30,)), torch.randint(0, 25, (20,))])
+    off = torch.tensor([0, 0, 10, 30, 35, 35, 50])
+    for w in (None, torch.rand(50)):
+        assert torch.equal(sim(idx, off, w), emu(idx, off, w))
+    with pytest.raises(IndexError, match="table 't1' with 25 rows"):
+        emu(torch.cat([idx[:30], torch.full((20,), 25)]), off)

@@ -230,3 +230,20 @@ def test_cuda_indices_come_back_on_cuda():
     y = m(idx, torch.tensor([0, 1], device="cuda"))
     assert y.device.type == "cuda"
     assert torch.equal(y.cpu(), m(idx.cpu(), torch.tensor([0, 1])))
+
+
+def test_float32_output_is_the_single_rounding_of_the_exact_value():
+    # The op converts raw -> float32 directly; it must equal rounding the exact (float64) value once.
+    from offload._ops_embedding import lookup_numpy
+
+    torch.manual_seed(6)
+    bag = torch.nn.EmbeddingBag(30, 16, mode="sum")
+    with torch.no_grad():
+        bag.weight.mul_(8)
+    m = offload.nn.EmbeddingBag.from_float(bag, fmt="ap_fixed<24,8,AP_RND_CONV,AP_SAT>", max_bag_size=64)
+    idx = torch.randint(0, 30, (200,))
+    off = torch.arange(0, 200, 25)
+    psw = torch.rand(200) * 100
+    exact = lookup_numpy(m.rid, idx.numpy(), np.append(off.numpy(), 200), psw.numpy())
+    assert m.spec.types()[1].width > 24  # raw values need more than float32's 24-bit significand
+    np.testing.assert_array_equal(m(idx, off, psw).numpy(), exact.astype(np.float32))
