@@ -189,6 +189,27 @@ def _table_index(x: np.ndarray, xt: FixedType, op: str, n: int) -> np.ndarray:
 
 
 # -- layers --------------------------------------------------------------------------------------
+def _round_grid(t: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray | None:
+    """``raw`` (int64, type ``src``) rounded onto ``t``'s grid with ``t``'s mode, before overflow
+    handling; None where the int64 shortcut does not apply (then use FixedType.cast)."""
+    if raw.dtype != np.int64 or t.raw_dtype != np.int64 or t.is_int or src.is_int:
+        return None
+    shift = src.F - t.F
+    if shift == 0:
+        return raw
+    if 1 <= shift <= 62:
+        if t.rounding in ("AP_RND", "AP_TRN") and src.width <= 62:
+            # floor(raw / 2**s + 1/2) == (raw + 2**(s-1)) >> s exactly (no int64 overflow for
+            # W <= 62): two passes instead of the general rounding's four.
+            q = raw + np.int64(1 << (shift - 1)) if t.rounding == "AP_RND" else raw.copy()
+            q >>= np.int64(shift)
+            return q
+        return _core.round_shift_int64(raw, shift, t.rounding)
+    if shift < 0 and src.width - shift <= 63:
+        return raw << np.int64(-shift)
+    return None
+
+
 def _cast(t: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray:
     """``t.cast(raw, src)`` for int64 raws already known to lie in ``src``'s range.
 
@@ -196,21 +217,10 @@ def _cast(t: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray:
     (the values come from this module's own exact arithmetic) and goes straight to the int64
     shift-rounding and overflow primitives FixedType.cast itself uses for these cases.
     """
-    if raw.dtype == np.int64 and t.raw_dtype == np.int64 and not t.is_int and not src.is_int:
-        shift = src.F - t.F
-        if shift == 0:
-            return _core.fit_int64(raw, t)
-        if 1 <= shift <= 62:
-            if t.rounding in ("AP_RND", "AP_TRN") and src.width <= 62:
-                # floor(raw / 2**s + 1/2) == (raw + 2**(s-1)) >> s exactly (no int64 overflow for
-                # W <= 62): two passes instead of the general rounding's four.
-                q = raw + np.int64(1 << (shift - 1)) if t.rounding == "AP_RND" else raw.copy()
-                q >>= np.int64(shift)
-                return _core.fit_int64(q, t, inplace=True)
-            return _core.fit_int64(_core.round_shift_int64(raw, shift, t.rounding), t, inplace=True)
-        if shift < 0 and src.width - shift <= 63:
-            return _core.fit_int64(raw << np.int64(-shift), t, inplace=True)
-    return t.cast(raw, src)
+    q = _round_grid(t, raw, src)
+    if q is None:
+        return t.cast(raw, src)
+    return _core.fit_int64(q, t, inplace=q is not raw)
 
 
 def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -247,11 +257,24 @@ def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, 
     n_in, n_out = w.shape
     rows = max(1, _ROW_BLOCK_ELEMS // max(1, n_in * n_out))
     out = np.empty((x.shape[0], n_out), dtype=rt.raw_dtype)
+    wrap = at.overflow == "AP_WRAP" and not at.sat_bits
     for r0 in range(0, x.shape[0], rows):
         xb = x[r0 : r0 + rows]
-        prod, _ = mul(xb[:, :, None], xt, w[None, :, :], wt)  # [b, n_in, n_out]
-        terms = _cast(at, prod, pt)
-        acc = accumulate(terms, at, at, axis=1, init=np.broadcast_to(acc0, (xb.shape[0], n_out)))
+        prod = xb[:, :, None] * w[None, :, :]  # exact: the spec keeps x * w within 62 bits
+        grid = _round_grid(at, prod, pt)
+        if grid is not None and wrap:
+            # Wrapping each product and every partial sum into W bits is the total modulo 2**W.
+            acc = _core.fit_int64(grid.sum(axis=1) + acc0, at, inplace=True)
+        elif grid is not None:
+            terms = _core.fit_int64(grid, at, inplace=grid is not prod)  # mult[i] = (accum_t)(x * w)
+            acc = np.array(np.broadcast_to(acc0, (xb.shape[0], n_out)))
+            for i in range(n_in):  # acc += mult[i], saturating after every step
+                acc += terms[:, i]
+                acc = _core.fit_int64(acc, at, inplace=True)
+        else:
+            prod, _ = mul(xb[:, :, None], xt, w[None, :, :], wt)
+            terms = at.cast(prod, pt)
+            acc = accumulate(terms, at, at, axis=1, init=np.broadcast_to(acc0, (xb.shape[0], n_out)))
         out[r0 : r0 + rows] = _cast(rt, acc, at)
     return out
 

@@ -32,7 +32,7 @@ def _assert_same(y_sim: np.ndarray, y_hls: np.ndarray) -> None:
     assert len(bad) == 0, f"{len(bad)} mismatches, first at {bad[:3].tolist()}: sim {y_sim[tuple(bad[0])]} hls4ml {y_hls[tuple(bad[0])]}"
 
 
-@pytest.mark.parametrize("seed", [3, 11])
+@pytest.mark.parametrize("seed", [11, 12, 16])
 def test_random_spec_matches_hls4ml(seed, tmp_path):
     spec, floats = random_spec(seed)
     rng = np.random.default_rng(seed)
