@@ -181,6 +181,13 @@ def _record_mlp_inputs(gm: fx.GraphModule, cands: list[Candidate], batches: list
     return out
 
 
+def _table_key(c: Candidate) -> tuple:
+    """Identity of the table a candidate reads (MLP chains are never shared)."""
+    if c.kind == "mlp":
+        return ("mlp", c.name)
+    return (c.kind, c.targets[0], c.bag_mode)
+
+
 def _pos(gm: fx.GraphModule) -> dict[fx.Node, int]:
     return {n: i for i, n in enumerate(gm.graph.nodes)}
 
@@ -327,19 +334,27 @@ def offload(
     free = card_.memory_bytes
     decided: dict[str, Decision] = {}
     tables_ok: list[Candidate] = []
+    # A table called from several places is uploaded once and its offload module shared.
+    calls: dict[tuple, int] = {}
+    for c in cands:
+        calls[_table_key(c)] = calls.get(_table_key(c), 0) + 1
+    counted: set[tuple] = set()
     for c in cands:
         d = Decision(c.name, c.kind, ",".join(c.targets), c.describe(), False, "")
         decided[c.name] = d
         report.decisions.append(d)
         if c.kind in ("embedding_bag", "embedding"):
+            if _table_key(c) in counted:
+                continue
             need = table_bytes(c.module.num_embeddings, c.module.embedding_dim, fmt)
             if need > free:
                 d.reason = (f"table needs {need / 2**20:.1f} MiB in {fmt}; {card_.name} has {free / 2**20:.1f} MiB of card "
                             f"memory left ({card_.memory_bytes / 2**30:.0f} GiB total, {card_.datasheet})")
                 continue
             free -= need
+            counted.add(_table_key(c))
             report.card_bytes_used += need
-            if c.kind == "embedding_bag":
+            if c.kind == "embedding_bag" and calls[_table_key(c)] == 1:
                 tables_ok.append(c)
     for s in skipped:
         report.decisions.append(Decision(s.node.name, s.kind, str(s.node.target) if s.node.op == "call_module" else "F." + getattr(s.node.target, "__name__", "?"),
@@ -372,9 +387,17 @@ def offload(
                 d.reason = f"{len(group)} tables (dim {c.module.embedding_dim}, {c.bag_mode}, {fmt}) in one table-batched call"
                 done.add(c.name)
 
+    built: dict[tuple, tuple[str, str]] = {}
     for c in cands:
         d = decided[c.name]
         if c.name in done or d.reason:
+            continue
+        key = _table_key(c)
+        if key in built:  # the same table, already offloaded for another call site
+            name, first = built[key]
+            last = c.last.name
+            node_map[_replace_single(gm, c, name).name] = last
+            d.offloaded, d.replacement, d.reason = True, name, f"shares the offloaded table of {first}"
             continue
         name = "offload_" + c.name.replace("..", "_to_")
         try:
@@ -400,6 +423,8 @@ def offload(
         node_map[_replace_single(gm, c, name).name] = last
         float_refs[name] = c.module
         d.offloaded, d.replacement, d.reason = True, name, why
+        if c.kind != "mlp":
+            built[key] = (name, c.name)
 
     if any(d.offloaded and d.kind == "mlp" for d in report.decisions) and "device" not in _mlp_params():
         report.notes.append("offload.nn.MLP takes no device argument: MLP chains run on the process's default device "

@@ -222,3 +222,34 @@ def test_emu_device_gives_the_sim_result_bit_for_bit():
     assert emu.offload_report.batches == [("a", "b")] and len(emu.offload_report.offloaded) == 3
     for got, want in outs:
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_table_called_twice_is_uploaded_once_and_shared():
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ids = nn.EmbeddingBag(60, 4, mode="sum")  # user and item ids share one table
+            self.other = nn.EmbeddingBag(30, 4, mode="sum")
+
+        def forward(self, i, o, j, p, k, q):
+            return self.ids(i, o) * self.ids(j, p) + self.other(k, q)
+
+    torch.manual_seed(0)
+    model = Shared().eval()
+    g = torch.Generator().manual_seed(4)
+    inp = (*_bags(60, 8, 3, g), *_bags(60, 8, 3, g), *_bags(30, 8, 3, g))
+    gm = offload.offload(model, inp, device="sim")
+    rep = gm.offload_report
+    first, second = rep.decision("ids"), rep.decision("ids_1")
+    assert first.offloaded and second.offloaded and first.replacement == second.replacement
+    assert "shares the offloaded table of ids" in second.reason
+    assert rep.batches == []  # a shared table is not folded into a batched call (it would be stored twice)
+    assert rep.card_bytes_used == (60 + 30) * 4 * 2  # int16 containers, the shared table counted once
+    cmp = offload.compare(model, gm, inp)
+    assert {d.name for d in cmp.nodes} == {"ids", "ids_1", "other"}
+    for d in cmp.nodes:
+        assert d.max_abs_err <= _bound(3)
+    # |ab - a'b'| <= |a||db| + |b||da| + |da||db| with |a|, |b| <= 3 max|w| (bags of up to 3 rows),
+    # |da|, |db| <= bound(3); plus `other`'s own bound(3).
+    big, e = 3 * float(model.ids.weight.detach().abs().max()), _bound(3)
+    assert cmp.max_abs_err <= 2 * big * e + e * e + e + 1e-5
