@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import io
 import operator
 from dataclasses import dataclass, field
@@ -438,4 +439,16 @@ def offload(
     # module each offload module stands for (plain attributes: not parameters, not in state_dict).
     gm.offload_node_map = node_map
     gm.offload_float_refs = float_refs
+    # offload.save(gm, dir) writes every offloaded kernel into one bundle (for `offload build`).
+    gm.offload_kernels = functools.partial(_collect_kernels, gm)
     return gm
+
+
+def _collect_kernels(gm: nn.Module) -> list:
+    """The kernels of every offload module in ``gm`` (shared modules once), in graph order."""
+    out = []
+    for _, m in gm.named_modules():
+        f = getattr(m, "offload_kernels", None)
+        if m is not gm and callable(f):
+            out.extend(f())
+    return out

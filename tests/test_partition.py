@@ -253,3 +253,13 @@ def test_a_table_called_twice_is_uploaded_once_and_shared():
     # |da|, |db| <= bound(3); plus `other`'s own bound(3) and float32 rounding of products < 150 (150 * 2^-24 < 1e-5).
     big, e = 3 * float(model.ids.weight.detach().abs().max()), _bound(3)
     assert cmp.max_abs_err <= 2 * big * e + e * e + e + 1e-5
+
+
+def test_partitioned_model_saves_as_one_bundle(toy, tmp_path):
+    model, gm = toy
+    path = offload.save(gm, tmp_path / "toy_bundle", name="toy")
+    b = offload.load(path)
+    # a+b in one table-batched kernel, the functional bag, the embedding: three kernels, named after
+    # the graph's offload modules; the batched one holds both tables.
+    assert sorted(b.kernels) == sorted({d.replacement for d in gm.offload_report.offloaded})
+    assert b.kernels["offload_tables_0"].spec.num_tables == 2
