@@ -38,9 +38,16 @@ def test_random_spec_matches_hls4ml(seed, tmp_path):
     rng = np.random.default_rng(seed)
     x = adversarial_inputs(rng, 12000, spec.n_features, spec.input_type)
     # Float weights (not the dequantized raws): hls4ml prints and re-reads them itself.
-    y_hls = _predict(build_model(spec, tmp_path, float_weights=floats), x)
+    model = build_model(spec, tmp_path, float_weights=floats)
+    y_hls = _predict(model, x)
     y_sim = simulate(spec.input_type, spec.layers, spec.tensors(), x)
     _assert_same(y_sim, y_hls)
+    # float32 rows go through the bridge's float entry point: input_t(float) is input_t(double(f)),
+    # outputs come back as result_t.to_float() (round to nearest even, as NumPy's float64->float32).
+    x32 = x.astype(np.float32)
+    y32 = np.asarray(model.predict(x32)).reshape(len(x), -1)
+    assert y32.dtype == np.float32
+    _assert_same(simulate(spec.input_type, spec.layers, spec.tensors(), x32.astype(np.float64)).astype(np.float32), y32)
     # The case is adversarial: activations hit their tables' clamps and types saturate or wrap.
     _, steps = forward(spec.input_type, spec.layers, spec.tensors(), x, trace=True)
     hit_limits = [np.mean((raw == t.max_raw) | (raw == t.min_raw)) for _, raw, t in steps]
