@@ -53,6 +53,15 @@ def _start(cmd: list[str], port: int) -> subprocess.Popen:
     raise RuntimeError(f"{cmd} did not start")
 
 
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (all its threads), from /proc; None off Linux."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _sustained(rows: list[dict], rate: float) -> bool:
     r = next(x for x in rows if x["rate"] == rate)
     return not r["errors"] and r["throughput"] >= 0.97 * rate
@@ -94,23 +103,26 @@ def main() -> None:
             uvloop.run(run_load(f"http://127.0.0.1:{ports[k]}/v2/models/risk", 200, 1))
         for rate in rates:
             for k in ("floor", "naive", "service"):
+                c0 = _cpu_s(procs[k].pid)
                 res = uvloop.run(run_load(f"http://127.0.0.1:{ports[k]}/v2/models/risk", rate, a.duration, timeout=10))
+                c1 = _cpu_s(procs[k].pid)
                 p = res.percentiles()
-                row = {"rate": rate, "p50_ms": p["p50"] / 1e3, "p99_ms": p["p99"] / 1e3, "throughput": res.throughput, "errors": sum(res.errors.values())}
+                cpu_us = (c1 - c0) / res.sent * 1e6 if c0 is not None and c1 is not None else float("nan")
+                row = {"rate": rate, "p50_ms": p["p50"] / 1e3, "p99_ms": p["p99"] / 1e3, "throughput": res.throughput, "errors": sum(res.errors.values()), "server_cpu_us_per_req": cpu_us}
                 results[k].append(row)
-                print(f"{k:8s} rate {rate:6.0f}/s  p50 {row['p50_ms']:8.3f} ms  p99 {row['p99_ms']:9.3f} ms  {row['throughput']:7.1f} req/s  errors {row['errors']}", flush=True)
+                print(f"{k:8s} rate {rate:6.0f}/s  p50 {row['p50_ms']:8.3f} ms  p99 {row['p99_ms']:9.3f} ms  {row['throughput']:7.1f} req/s  errors {row['errors']}  server CPU {cpu_us:5.0f} us/req", flush=True)
     finally:
         for p in procs.values():
             p.terminate()
         for p in procs.values():
             p.wait(timeout=30)
 
-    print("\n| rate (req/s) | floor p50 / p99 ms | naive p50 / p99 ms | service p50 / p99 ms | floor / naive / service req/s |")
-    print("|---:|---:|---:|---:|---:|")
+    print("\n| rate (req/s) | floor p50 / p99 ms | naive p50 / p99 ms | service p50 / p99 ms | floor / naive / service req/s | server CPU us/req floor / naive / service |")
+    print("|---:|---:|---:|---:|---:|---:|")
     for i, rate in enumerate(rates):
         f, n, s = results["floor"][i], results["naive"][i], results["service"][i]
         cell = lambda r: f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f}" + (f" ({r['errors']} err)" if r["errors"] else "")  # noqa: E731
-        print(f"| {rate:.0f} | {cell(f)} | {cell(n)} | {cell(s)} | {f['throughput']:.0f} / {n['throughput']:.0f} / {s['throughput']:.0f} |")
+        print(f"| {rate:.0f} | {cell(f)} | {cell(n)} | {cell(s)} | {f['throughput']:.0f} / {n['throughput']:.0f} / {s['throughput']:.0f} | {f['server_cpu_us_per_req']:.0f} / {n['server_cpu_us_per_req']:.0f} / {s['server_cpu_us_per_req']:.0f} |")
 
     floor_top = max((r for r in rates if _sustained(results["floor"], r)), default=None)
     summary: dict = {"slo_p99_ms": SLO_P99_MS, "floor_top_rate": floor_top}

@@ -72,6 +72,9 @@ class ScoringService:
             max_queue_size=cfg.max_queue_size,
             metrics=self.metrics,
             model=self.model.name,
+            # The sim device computes in Python under the GIL: a worker thread would only add
+            # hand-offs and GIL convoys. Card devices wait with the GIL released: they get the thread.
+            inline=cfg.device == "sim",
         )
         self._request_hist = self.metrics.request_duration.labels(model=self.model.name)
         self._ok_counter = self.metrics.requests.labels(model=self.model.name, code="200")

@@ -46,7 +46,9 @@ class _Pending:
 class DynamicBatcher:
     """Queues row batches and runs them through ``run_batch`` (called in one worker thread).
 
-    ``run_batch(x: float64 [N, F]) -> (y: [N, n_out], device_name)``.
+    ``run_batch(x: float64 [N, F]) -> (y: [N, n_out], device_name)``. With ``inline=True`` it is
+    called on the event loop instead: right for work that holds the GIL anyway (the sim device's
+    NumPy reference), where a thread adds only hand-offs and GIL convoys.
 
     Example::
 
@@ -65,8 +67,10 @@ class DynamicBatcher:
         max_queue_size: int,
         metrics: ServeMetrics | None = None,
         model: str = "model",
+        inline: bool = False,
     ) -> None:
         self._run_batch = run_batch
+        self._inline = inline
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
         self.max_queue_size = max_queue_size
@@ -172,7 +176,13 @@ class DynamicBatcher:
             bs.observe(x.shape[0])
             depth.set(len(self._queue))
         try:
-            y, _ = await loop.run_in_executor(self._pool, self._run_batch, x)
+            if self._inline:
+                y, _ = self._run_batch(x)
+                # Let the requests that arrived meanwhile be read and queued before the next batch
+                # is cut; otherwise back-to-back inline batches would each hold a single request.
+                await asyncio.sleep(0)
+            else:
+                y, _ = await loop.run_in_executor(self._pool, self._run_batch, x)
             if y.shape[0] != x.shape[0]:
                 raise RuntimeError(f"device returned {y.shape[0]} rows for a batch of {x.shape[0]}")
         except asyncio.CancelledError:
