@@ -16,7 +16,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Candidate", "find_candidates", "trace", "MLP_LAYERS", "OPS"]
+__all__ = ["Candidate", "find_candidates", "functional_args", "trace", "MLP_LAYERS", "OPS"]
 
 OPS = ("embedding_bag", "embedding", "mlp")
 # Layers the MLP kernel implements (Linear + element-wise activations; BatchNorm1d folds into the
@@ -80,19 +80,33 @@ def _single_input(node: fx.Node, prev: fx.Node | None = None) -> bool:
     return prev is None or node.args[0] is prev
 
 
+# F.embedding_bag's parameters in positional order (torch.nn.functional.embedding_bag).
+EMB_BAG_PARAMS = ("input", "weight", "offsets", "max_norm", "norm_type", "scale_grad_by_freq", "mode", "sparse",
+                   "per_sample_weights", "include_last_offset", "padding_idx")
+
+
+def functional_args(node: fx.Node) -> dict[str, Any]:
+    """An ``F.embedding_bag`` call's arguments by name, however they were passed."""
+    out = dict(zip(EMB_BAG_PARAMS, node.args))
+    out.update(node.kwargs)
+    return out
+
+
 def _bag_from_functional(gm: fx.GraphModule, node: fx.Node) -> tuple[nn.EmbeddingBag | None, str]:
     """A float ``nn.EmbeddingBag`` equivalent to an ``F.embedding_bag`` call, or ``(None, why)``."""
-    args = list(node.args) + [None] * (3 - len(node.args))
-    kw = dict(node.kwargs)
-    weight = args[1] if len(node.args) > 1 else kw.get("weight")
+    a = functional_args(node)
+    weight = a.get("weight")
     if not (isinstance(weight, fx.Node) and weight.op == "get_attr"):
         return None, "F.embedding_bag weight is not a module parameter (computed at run time)"
+    if a.get("max_norm") is not None:
+        return None, f"F.embedding_bag with max_norm={a['max_norm']!r} renormalises rows at lookup time: no offload kernel"
+    for key in ("mode", "padding_idx", "include_last_offset"):
+        if isinstance(a.get(key), fx.Node):
+            return None, f"F.embedding_bag's {key} is computed at run time"
     w = _get_attr(gm, weight.target)
-    for key, default in (("max_norm", None), ("scale_grad_by_freq", False), ("padding_idx", None), ("include_last_offset", False)):
-        if kw.get(key, default) != default:
-            return None, f"F.embedding_bag with {key}={kw[key]!r} has no offload kernel"
-    mode = kw.get("mode", "mean")
-    bag = nn.EmbeddingBag.from_pretrained(w.detach().clone(), freeze=True, mode=mode)
+    bag = nn.EmbeddingBag.from_pretrained(w.detach().clone(), freeze=True, mode=a.get("mode", "mean"),
+                                          include_last_offset=bool(a.get("include_last_offset", False)),
+                                          padding_idx=a.get("padding_idx"))
     return bag, ""
 
 
@@ -132,9 +146,9 @@ def find_candidates(gm: fx.GraphModule, ops: tuple[str, ...] = OPS) -> tuple[lis
             if bag is None:
                 skipped.append(Skipped(node, "embedding_bag", why))
                 continue
-            psw = node.kwargs.get("per_sample_weights") is not None or (len(node.args) > 8 and node.args[8] is not None)
-            cands.append(Candidate("embedding_bag", [node], bag, [str(node.args[1].target if len(node.args) > 1 else node.kwargs["weight"].target)],
-                                   functional=True, bag_mode=bag.mode, per_sample_weights=psw))
+            fa = functional_args(node)
+            cands.append(Candidate("embedding_bag", [node], bag, [str(fa["weight"].target)],
+                                   functional=True, bag_mode=bag.mode, per_sample_weights=fa.get("per_sample_weights") is not None))
             continue
         if node.op != "call_module":
             continue

@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from offload._advisor_model import Prediction, predict_lookup, predict_mlp
 from offload._cards import Card, get_card
-from offload._partition_find import OPS, Candidate, find_candidates, trace
+from offload._partition_find import EMB_BAG_PARAMS, OPS, Candidate, find_candidates, trace
 
 __all__ = ["advise", "Advice", "Estimate"]
 
@@ -160,12 +160,14 @@ def _median_time(fn: Callable[[], Any], dev: torch.device, repeats: int, budget_
     return statistics.median(times)
 
 
-def _bag_inputs(c: Candidate, args: tuple, batch: int, gen: torch.Generator) -> tuple[Callable[[], Any], int, int]:
+def _bag_inputs(c: Candidate, args: tuple, kwargs: dict, batch: int, gen: torch.Generator) -> tuple[Callable[[], Any], int, int]:
     """A call of the float bag on ``batch`` bags resampled from the recorded ones; (call, lookups, pooling)."""
     if c.functional:
-        inp, off = args[0], args[2] if len(args) > 2 else None
+        named = dict(zip(EMB_BAG_PARAMS, args))
     else:
-        inp, off = args[0], args[1] if len(args) > 1 else None
+        named = dict(zip(("input", "offsets"), args))
+    named.update(kwargs)
+    inp, off = named["input"], named.get("offsets")
     m = c.module
     if inp.dim() == 2:
         rows = torch.randint(inp.shape[0], (batch,), generator=gen).to(inp.device)
@@ -182,12 +184,12 @@ def _rows(x: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
     return x[torch.randint(x.shape[0], (batch,), generator=gen).to(x.device)]
 
 
-def _estimate(c: Candidate, args: tuple, batch: int, card: Card, fmt: str, reuse_factor: int,
+def _estimate(c: Candidate, args: tuple, kwargs: dict, batch: int, card: Card, fmt: str, reuse_factor: int,
               repeats: int, budget_s: float, gen: torch.Generator) -> tuple[float, Prediction, str]:
     m = c.module
     dev = _device_of(m) if not c.functional else m.weight.device
     if c.kind == "embedding_bag":
-        call, lookups, _ = _bag_inputs(c, args, batch, gen)
+        call, lookups, _ = _bag_inputs(c, args, kwargs, batch, gen)
         dim = m.embedding_dim
         row = max(1, dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0)
         pred = predict_lookup(card, [lookups], [row], batch, dims=[dim], rows_per_table=[m.num_embeddings])
@@ -268,27 +270,35 @@ def advise(
     with torch.inference_mode():
         rec.run(*args)
     gen = torch.Generator().manual_seed(seed)
-    bags = [c for c in cands if c.kind == "embedding_bag" and c.first.name in rec.inputs]
+    # Bags offload.offload would put in one table-batched call: same dim and mode, plain bags.
+    groups: dict[tuple, list[Candidate]] = {}
+    for c in cands:
+        if c.kind == "embedding_bag" and c.first.name in rec.inputs and not c.per_sample_weights:
+            groups.setdefault((c.module.embedding_dim, c.bag_mode), []).append(c)
+    groups = {k: g for k, g in groups.items() if len(g) > 1}
     for b in sizes:
-        host_bags, lookups, rows, dims, nrows = 0.0, [], [], [], []
+        acc: dict[tuple, dict[str, Any]] = {k: {"host": 0.0, "lookups": [], "rows": [], "nrows": []} for k in groups}
         for c in cands:
             if c.first.name not in rec.inputs:
                 continue
-            a, _ = rec.inputs[c.first.name]
-            host, pred, dev = _estimate(c, a, b, cardv, fmt, reuse_factor, repeats, budget_s, gen)
+            a, kw = rec.inputs[c.first.name]
+            host, pred, dev = _estimate(c, a, kw, b, cardv, fmt, reuse_factor, repeats, budget_s, gen)
             advice.rows.append(_row(c.name, c.kind, c.describe(), b, dev, host, pred, cardv))
-            if c in bags:
-                host_bags += host
-                _, n, _ = _bag_inputs(c, a, b, gen)
-                lookups.append(n)
-                dims.append(c.module.embedding_dim)
-                rows.append(max(1, c.module.embedding_dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0))
-                nrows.append(c.module.num_embeddings)
-        if len(bags) > 1:
-            # All bag tables in one table-batched call (what offload.offload builds): one launch,
-            # tables in parallel channels; the host runs them one after the other.
-            pred = predict_lookup(cardv, lookups, rows, b, dims=dims, rows_per_table=nrows)
-            advice.rows.append(_row(f"all {len(bags)} tables (batched)", "embedding_bag", f"{len(bags)} tables", b, "sum of above", host_bags, pred, cardv))
+            key = (c.module.embedding_dim, c.bag_mode) if c.kind == "embedding_bag" else None
+            if key in groups and c in groups[key]:
+                g = acc[key]
+                g["host"] += host
+                g["lookups"].append(_bag_inputs(c, a, kw, b, gen)[1])
+                g["rows"].append(max(1, c.module.embedding_dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0))
+                g["nrows"].append(c.module.num_embeddings)
+        for (dim, mode), g in acc.items():
+            # One table-batched call (what offload.offload builds): one launch, tables in parallel
+            # channels; the host runs them one after the other.
+            n = len(groups[(dim, mode)])
+            pred = predict_lookup(cardv, g["lookups"], g["rows"], b, dims=[dim] * n, rows_per_table=g["nrows"])
+            label = f"all {n} tables (batched)" if len(groups) == 1 else f"{n} tables dim {dim} {mode} (batched)"
+            advice.rows.append(_row(label, "embedding_bag", ", ".join(c.name for c in groups[(dim, mode)]), b, "sum of above",
+                                    g["host"], pred, cardv))
     # Everything the advisor says to offload at the largest batch has to fit on the card together.
     big = max(sizes)
     chosen = [r for r in advice.rows if r.batch == big and r.verdict == "offload" and "(batched)" not in r.name]

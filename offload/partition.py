@@ -39,7 +39,7 @@ from offload._partition_build import (
     table_bytes,
 )
 from offload._partition_compare import Comparison, compare
-from offload._partition_find import OPS, Candidate, find_candidates, trace
+from offload._partition_find import OPS, Candidate, find_candidates, functional_args, trace
 
 __all__ = ["offload", "compare", "OffloadReport", "Decision", "Comparison"]
 
@@ -196,9 +196,8 @@ def _pos(gm: fx.GraphModule) -> dict[fx.Node, int]:
 def _bag_args(c: Candidate) -> tuple[Any, Any]:
     n = c.first
     if c.functional:
-        inp = n.args[0] if n.args else n.kwargs["input"]
-        off = n.args[2] if len(n.args) > 2 else n.kwargs.get("offsets")
-        return inp, off
+        a = functional_args(n)
+        return a["input"], a.get("offsets")
     inp = n.args[0] if n.args else n.kwargs["input"]
     off = n.args[1] if len(n.args) > 1 else n.kwargs.get("offsets")
     return inp, off
@@ -236,7 +235,7 @@ def _replace_single(gm: fx.GraphModule, c: Candidate, name: str) -> fx.Node:
             new = g.call_module(name, (c.first.args[0],))
         elif c.functional:
             inp, off = _bag_args(c)
-            psw = c.first.kwargs.get("per_sample_weights", c.first.args[8] if len(c.first.args) > 8 else None)
+            psw = functional_args(c.first).get("per_sample_weights")
             new = g.call_module(name, (inp, off), {"per_sample_weights": psw} if psw is not None else {})
         else:
             new = g.call_module(name, c.first.args, dict(c.first.kwargs))

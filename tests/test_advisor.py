@@ -154,3 +154,26 @@ def test_cli_advise_json():
     assert bad.exit_code != 0 and "batch" in bad.output
     unknown = CliRunner().invoke(main, ["advise", "nosuchmodel"])
     assert unknown.exit_code != 0 and "nosuchmodel" in unknown.output
+
+
+def test_advise_functional_bags_and_batch_groups():
+    """F.embedding_bag (offsets passed as a keyword by FX) is measured too; only same dim/mode bags
+    are grouped into a batched row, as offload.offload would batch them."""
+    import torch.nn.functional as F
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.EmbeddingBag(100, 8, mode="sum")
+            self.b = nn.EmbeddingBag(200, 8, mode="sum")
+            self.w = nn.Parameter(torch.randn(50, 8))
+
+        def forward(self, i, o):
+            return self.a(i, o) + self.b(i, o) + F.embedding_bag(i % 50, self.w, o, mode="mean")
+
+    i, o = torch.randint(0, 100, (40,)), torch.arange(0, 40, 4)
+    adv = offload.advise(Mixed().eval(), (i, o), batch_sizes=(8,), repeats=3, budget_s=0.01)
+    names = {r.name for r in adv.rows}
+    assert names == {"a", "b", "embedding_bag", "all 2 tables (batched)"}
+    batched = next(r for r in adv.rows if "batched" in r.name)
+    assert batched.shape == "a, b"
