@@ -139,6 +139,7 @@ def _config_header(spec: EmbeddingSpec) -> str:
         f"// spec: {json.dumps(spec.to_json(), sort_keys=True)}",
         f"#ifndef {guard}",
         f"#define {guard}",
+        f"#define OFFLOAD_EMB_MAX_BAG {spec.max_bag_size}",
         '#include "offload_embedding.h"',
         "",
         "struct emb_kernel {",

@@ -19,6 +19,11 @@
 #include "ap_fixed.h"
 #include "ap_int.h"
 
+// The generated config defines it before including this header (a pragma needs a literal).
+#ifndef OFFLOAD_EMB_MAX_BAG
+#define OFFLOAD_EMB_MAX_BAG 256
+#endif
+
 namespace offload_emb {
 
 enum Mode { MODE_SUM = 0, MODE_MEAN = 1, MODE_MAX = 2 };
@@ -67,7 +72,7 @@ BAGS:
         }
     ENTRIES:
         for (int64_t k = start; k < end; k++) {
-#pragma HLS LOOP_TRIPCOUNT min = 1 max = K::max_bag
+#pragma HLS LOOP_TRIPCOUNT min = 0 max = OFFLOAD_EMB_MAX_BAG
             const int64_t row = indices[k];
             if (T::has_padding && row == T::padding) continue;
             const typename K::weight_t w = from_raw<typename K::weight_t>(weighted ? (int64_t)weights[k] : 0);
