@@ -87,8 +87,9 @@ def test_unsupported_layers_and_bad_precision_are_named():
 
 def test_per_layer_precision_dict_reaches_the_spec():
     seq = _seq()
-    names = offload.nn.MLP.layer_names(seq)
-    assert names == ["fc0", "bn1", "relu2", "fc4", "tanh5", "fc6"]
+    assert offload.nn.MLP.layer_names(seq, fold_batchnorm=False) == ["fc0", "bn1", "relu2", "fc4", "tanh5", "fc6"]
+    names = offload.nn.MLP.layer_names(seq)  # the BatchNorm after fc0 is folded into it
+    assert names == ["fc0", "relu2", "fc4", "tanh5", "fc6"]
     prec = {"default": "ap_fixed<12,5>", "input": "ap_fixed<10,4,AP_RND,AP_SAT>",
             "fc4": {"accum": "ap_fixed<20,8,AP_TRN,AP_SAT>"}, "tanh5": {"table_size": 512}}
     m = offload.nn.MLP.from_float(seq, precision=prec, n_features=6, reuse_factor=2)
@@ -97,3 +98,24 @@ def test_per_layer_precision_dict_reaches_the_spec():
     assert layers["fc4"].accum == "ap_fixed<20,8,AP_TRN,AP_SAT>" and layers["fc4"].weight == "ap_fixed<12,5>"
     assert layers["tanh5"].table_size == 512 and layers["tanh5"].table == "ap_fixed<18,8>"
     assert m.spec.reuse_factor == 2
+
+
+def test_batchnorm_after_linear_is_folded_exactly_up_to_float32_storage():
+    from offload.nn.mlp import float_layers
+    from offload.quant.ptq import float_forward
+
+    seq = _seq(3)
+    with torch.no_grad():
+        seq[1].running_mean.normal_()
+        seq[1].running_var.uniform_(0.5, 2.0)
+        seq[1].weight.normal_()
+    x = np.random.default_rng(2).normal(size=(200, 6))
+    folded, unfolded = float_layers(seq, 6), float_layers(seq, 6, fold_batchnorm=False)
+    assert [f.op for f in folded] == ["dense", "relu", "dense", "tanh", "dense"]
+    a = float_forward(folded[:1], x)[-1]
+    b = float_forward(unfolded[:2], x)[-1]
+    # Folded weights and bias are the exact float64 products rounded once to float32 (relative
+    # error <= 2**-24 each), so |a - b| <= 2**-24 * (|x| @ |W'| + |b'|) plus float64 noise.
+    w, bias = folded[0].params["weight"].astype(np.float64), folded[0].params["bias"].astype(np.float64)
+    bound = 2.0**-24 * (np.abs(x) @ np.abs(w) + np.abs(bias)) * (1 + 1e-9) + 1e-12
+    assert np.all(np.abs(a - b) <= bound)

@@ -62,11 +62,14 @@ def _np32(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().to(torch.float32).numpy()
 
 
-def float_layers(seq: torch.nn.Module, n_features: int | None = None) -> list[FloatLayer]:
+def float_layers(seq: torch.nn.Module, n_features: int | None = None, *, fold_batchnorm: bool = True) -> list[FloatLayer]:
     """The inference layers of ``seq`` with their float parameters (float32 values, as hls4ml reads them).
 
     BatchNorm1d becomes ``x * scale + bias`` with ``scale = gamma / sqrt(var + eps)`` and
     ``bias = beta - scale * mean`` computed in float32 NumPy, exactly as hls4ml's converter does.
+    With ``fold_batchnorm`` a BatchNorm1d right after a Linear is folded into it (``W * scale``,
+    ``b * scale + bias``, in float64 then stored as float32), which saves its multipliers on the
+    card; hls4ml would do the same only for layers whose output type it infers itself.
     """
     if not isinstance(seq, torch.nn.Module):
         raise TypeError(f"MLP.from_float needs a torch.nn.Sequential, got {type(seq).__name__}")
@@ -110,6 +113,14 @@ def float_layers(seq: torch.nn.Module, n_features: int | None = None) -> list[Fl
                 raise ValueError(f"layer {path!r}: parameter {k} has NaN or infinite values")
         alpha = float(m.negative_slope) if op == "leaky_relu" else None
         name = f"{_OP_PREFIX[op]}{idx}"
+        if fold_batchnorm and op == "batchnorm" and layers and layers[-1].op == "dense":
+            prev = layers[-1]
+            sc, bb = params["scale"].astype(np.float64), params["bias"].astype(np.float64)
+            prev.params["weight"] = (prev.params["weight"].astype(np.float64) * sc).astype(np.float32)
+            pb = prev.params.get("bias", np.zeros(prev.n_out, np.float32)).astype(np.float64)
+            prev.params["bias"] = (pb * sc + bb).astype(np.float32)
+            prev.source += f"+{path}"
+            continue
         layers.append(FloatLayer(name, op, n_in, n_out, params, alpha, path))
         width = n_out
     if not layers:
@@ -157,6 +168,7 @@ class MLP(torch.nn.Module):
         cos_threshold: float = 0.999,
         budget: float | None = None,
         drift_threshold: float = 0.2,
+        fold_batchnorm: bool = True,
         name: str = "mlp",
         device: Any = None,
     ) -> "MLP":
@@ -170,13 +182,14 @@ class MLP(torch.nn.Module):
         index in ``seq`` (see ``MLP.layer_names(seq)``).
         ``labels`` (with "auto") switch the end-to-end budget to AUC drop; ``reference`` is a
         feature sample the calibration set is checked against (``CalibrationDriftWarning``).
+        ``fold_batchnorm``: fold a BatchNorm1d that follows a Linear into its weights (default).
         ``device``: where the kernel lives (a spec string or Device; default the active device).
         """
         if not isinstance(reuse_factor, int) or reuse_factor < 1:
             raise ValueError(f"reuse_factor must be an int >= 1, got {reuse_factor!r}")
         calib_np = None if calib is None else _as_features(calib, "calib")
         nf = n_features if n_features is not None else (calib_np.shape[1] if calib_np is not None else None)
-        layers = float_layers(seq, nf)
+        layers = float_layers(seq, nf, fold_batchnorm=fold_batchnorm)
         nf = layers[0].n_in
         if calib_np is not None and calib_np.shape[1] != nf:
             raise ValueError(f"calib has {calib_np.shape[1]} features, the model takes {nf}")
@@ -197,9 +210,9 @@ class MLP(torch.nn.Module):
         return cls(spec, layers, report, name, device)
 
     @staticmethod
-    def layer_names(seq: torch.nn.Module, n_features: int | None = None) -> list[str]:
+    def layer_names(seq: torch.nn.Module, n_features: int | None = None, *, fold_batchnorm: bool = True) -> list[str]:
         """Names ``from_float`` gives the inference layers of ``seq`` (keys of a precision dict)."""
-        return [layer.name for layer in float_layers(seq, n_features)]
+        return [layer.name for layer in float_layers(seq, n_features, fold_batchnorm=fold_batchnorm)]
 
     # -- running ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
