@@ -103,15 +103,15 @@ def test_generated_sources_follow_the_abi():
 
 
 @pytest.mark.slow
-def test_cpp_matches_sim_random_specs_sweep():
-    rng = np.random.default_rng(2024)
-    fmts = ["ap_fixed<8,3,AP_RND,AP_SAT>", "ap_fixed<24,10,AP_TRN,AP_WRAP>", "ap_fixed<32,8,AP_RND_CONV,AP_SAT>", ROWWISE]
-    for i in range(4):
-        mode = ["sum", "mean", "max", "sum"][i]
-        T = int(rng.integers(1, 4))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cpp_matches_sim_random_specs_sweep(seed):
+    # Every storage format in every mode, random table shapes / padding rows / max bag sizes.
+    rng = np.random.default_rng(2024 + seed)
+    fmts = ["ap_fixed<8,3,AP_RND,AP_SAT>", "ap_fixed<24,10,AP_TRN,AP_WRAP>", "ap_ufixed<12,4,AP_RND_ZERO,AP_SAT>",
+            "ap_fixed<32,8,AP_RND_CONV,AP_SAT>", ROWWISE]
+    for mode in ("sum", "mean", "max"):
         tables, weights = [], []
-        for t in range(T):
-            fmt = fmts[int(rng.integers(len(fmts)))]
+        for t, fmt in enumerate(fmts):
             rows, dim = int(rng.integers(2, 40)), int(rng.integers(1, 9))
             W = rng.standard_normal((rows, dim)) * 3
             pad = int(rng.integers(rows)) if rng.random() < 0.5 else None
