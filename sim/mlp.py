@@ -242,8 +242,7 @@ def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, 
         # wrapping steps are all identities and the result is an exact integer matrix product.
         xmax = np.abs(x).max(axis=0).astype(np.float64)  # per input feature
         prod_bound = float((xmax @ np.abs(w).astype(np.float64)).max(initial=0.0))
-        acc_bound = prod_bound * float(1 << shift) + float(np.abs(acc0).max(initial=0))
-        if acc_bound <= float(at.max_raw) and prod_bound < 2.0**52:
+        if prod_bound < 2.0**52 and (int(prod_bound) << shift) + int(np.abs(acc0).max(initial=0)) <= at.max_raw:
             # Every partial sum of integers is an integer no larger than prod_bound, so a float
             # matrix product is exact whatever order BLAS adds in: float32 below 2**24, else float64.
             ft = np.float32 if prod_bound < 2.0**24 else np.float64
