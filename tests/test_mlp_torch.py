@@ -41,7 +41,7 @@ def test_opcheck_and_compile_fullgraph(mlp):
     rid = mlp.rid
     x = torch.randn(5, 6)
     torch.library.opcheck(torch.ops.offload.mlp_score.default, (rid, x))
-    fn = torch.compile(lambda t: mlp(t) * 2.0, fullgraph=True, backend="eager")
+    fn = torch.compile(lambda t: mlp(t) * 2.0, fullgraph=True, backend="aot_eager")
     assert torch.equal(fn(x), mlp(x) * 2.0)
 
 
