@@ -20,7 +20,6 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -31,7 +30,6 @@ from offload._runtime import make_resident, release_resident
 from offload.kernels import Kernel
 from offload.kernels.mlp import MlpSpec, validate
 from offload.quant.ptq import (
-    DEFAULT_TABLE,
     FloatLayer,
     QuantReport,
     build_layers,
@@ -128,12 +126,6 @@ def float_layers(seq: torch.nn.Module, n_features: int | None = None, *, fold_ba
     if not any(layer.op in ("dense", "batchnorm") for layer in layers) and n_features is None:
         raise ValueError("cannot infer the number of input features: pass n_features")
     return layers
-
-
-@dataclass
-class _Built:
-    spec: MlpSpec
-    float_layers: list[FloatLayer]
 
 
 class MLP(torch.nn.Module):
