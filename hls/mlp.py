@@ -192,8 +192,11 @@ def _cache_root() -> Path:
 
 @functools.lru_cache(maxsize=32)
 def _firmware_cached(spec_json: str) -> tuple[tuple[str, str], ...]:
+    import hls4ml
+
     spec = MlpSpec.from_json(json.loads(spec_json))
-    cached = _cache_root() / f"{spec.digest()}.json"
+    # Keyed by the hls4ml version too: another hls4ml writes other firmware for the same spec.
+    cached = _cache_root() / f"{spec.digest()}-hls4ml{hls4ml.__version__}.json"
     if cached.is_file():
         return tuple(sorted(json.loads(cached.read_text()).items()))
     proj = project_name(spec)
