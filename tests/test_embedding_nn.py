@@ -247,3 +247,15 @@ def test_float32_output_is_the_single_rounding_of_the_exact_value():
     exact = lookup_numpy(m.rid, idx.numpy(), np.append(off.numpy(), 200), psw.numpy())
     assert m.spec.types()[1].width > 24  # raw values need more than float32's 24-bit significand
     np.testing.assert_array_equal(m(idx, off, psw).numpy(), exact.astype(np.float32))
+
+
+def test_bundle_round_trip_keeps_spec_and_results(tmp_path):
+    torch.manual_seed(8)
+    bags = [torch.nn.EmbeddingBag(50, 4, mode="mean", padding_idx=2), torch.nn.EmbeddingBag(30, 3, mode="mean")]
+    m = offload.nn.TableBatchedEmbeddingBags.from_float(bags, fmt=["int8_rowwise", "ap_fixed<16,6>"])
+    loaded = offload.load(offload.save(m, tmp_path / "b"))
+    (k,) = loaded.kernels.values()
+    assert k.spec == m.spec and k.spec.to_json() == m.spec.to_json()
+    back = offload.nn.TableBatchedEmbeddingBags(k)
+    idx, off = torch.tensor([1, 2, 3, 4, 5, 29]), torch.tensor([0, 3, 3, 5, 6])
+    assert torch.equal(back(idx, off), m(idx, off))
