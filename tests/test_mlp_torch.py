@@ -119,3 +119,23 @@ def test_batchnorm_after_linear_is_folded_exactly_up_to_float32_storage():
     w, bias = folded[0].params["weight"].astype(np.float64), folded[0].params["bias"].astype(np.float64)
     bound = 2.0**-24 * (np.abs(x) @ np.abs(w) + np.abs(bias)) * (1 + 1e-9) + 1e-12
     assert np.all(np.abs(a - b) <= bound)
+
+
+def test_saved_bundle_is_served_without_torch(mlp, tmp_path):
+    import subprocess
+    import sys
+
+    offload.save(mlp, tmp_path / "risk.offload", name="risk")
+    x = np.random.default_rng(4).normal(size=(50, 6)) * 5
+    np.save(tmp_path / "x.npy", x)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any torch import now fails
+        "import numpy as np, offload\n"
+        "from offload.host import open_device\n"
+        f"b = offload.load({str(tmp_path / 'risk.offload')!r})\n"
+        "dev = open_device('sim'); k = next(iter(b.kernels.values()))\n"
+        f"y = dev.run(dev.load(k), {{'x': np.load({str(tmp_path / 'x.npy')!r})}})['y']\n"
+        f"np.save({str(tmp_path / 'y.npy')!r}, y)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+    assert np.array_equal(np.load(tmp_path / "y.npy"), mlp.simulate(x))
