@@ -20,8 +20,9 @@ Arithmetic (accumulator, per-sample weights, mean division, overflow) is defined
 
 Resident tensors: ``table{t}`` (raw, ``num_rows x dim``) and, for int8_rowwise, ``params{t}``
 (``num_rows x 2`` raw scale, bias). Inputs: ``indices`` (int32/int64), ``offsets`` (int32/int64),
-optional ``per_sample_weights`` (raw ints in ``weight_type``). Output: ``out`` (raw ``out_type``,
-int64).
+optional ``per_sample_weights`` (raw ints in ``weight_type``; the torch op quantizes float weights
+with that type's own modes, by default round-half-even and saturate at +-128, lsb 2^-12). Output:
+``out`` (raw ``out_type``, int64).
 
 Example::
 
