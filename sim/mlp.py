@@ -58,7 +58,7 @@ __all__ = [
 OPS = ("dense", "batchnorm", "relu", "leaky_relu", "sigmoid", "tanh")
 # Fraction of the table range: sigmoid's table spans [-8, 8), tanh's [-4, 4) (nnet_activation.h).
 _TABLE_SPAN = {"sigmoid": 16, "tanh": 8}
-_ROW_BLOCK_ELEMS = 1 << 22  # products per block on the exact (slow) dense path: bounds memory
+_ROW_BLOCK_ELEMS = 1 << 18  # products per block on the exact dense path: blocks stay in cache
 _FAST_DENSE = True  # tests turn the exact-GEMM shortcut off to check it against the step-by-step path
 
 
@@ -190,20 +190,25 @@ def _table_index(x: np.ndarray, xt: FixedType, op: str, n: int) -> np.ndarray:
 
 # -- layers --------------------------------------------------------------------------------------
 def _round_grid(t: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray | None:
-    """``raw`` (int64, type ``src``) rounded onto ``t``'s grid with ``t``'s mode, before overflow
-    handling; None where the int64 shortcut does not apply (then use FixedType.cast)."""
-    if raw.dtype != np.int64 or t.raw_dtype != np.int64 or t.is_int or src.is_int:
+    """``raw`` (int64, or int32 for sources of <= 30 bits, type ``src``) rounded onto ``t``'s grid
+    with ``t``'s mode, before overflow handling; None where the integer shortcut does not apply
+    (then use FixedType.cast). The result keeps int32 only on the two-pass path."""
+    if raw.dtype not in (np.int64, np.int32) or t.raw_dtype != np.int64 or t.is_int or src.is_int:
         return None
     shift = src.F - t.F
     if shift == 0:
         return raw
-    if 1 <= shift <= 62:
-        if t.rounding in ("AP_RND", "AP_TRN") and src.width <= 62:
-            # floor(raw / 2**s + 1/2) == (raw + 2**(s-1)) >> s exactly (no int64 overflow for
-            # W <= 62): two passes instead of the general rounding's four.
-            q = raw + np.int64(1 << (shift - 1)) if t.rounding == "AP_RND" else raw.copy()
-            q >>= np.int64(shift)
+    narrow = raw.dtype == np.int32
+    if 1 <= shift <= (30 if narrow else 62):
+        if t.rounding in ("AP_RND", "AP_TRN") and src.width <= (30 if narrow else 62):
+            # floor(raw / 2**s + 1/2) == (raw + 2**(s-1)) >> s exactly (no overflow for W <= 62,
+            # or W <= 30 in int32): two passes instead of the general rounding's four.
+            one = raw.dtype.type
+            q = raw + one(1 << (shift - 1)) if t.rounding == "AP_RND" else raw.copy()
+            q >>= one(shift)
             return q
+    raw = raw.astype(np.int64, copy=False)
+    if 1 <= shift <= 62:
         return _core.round_shift_int64(raw, shift, t.rounding)
     if shift < 0 and src.width - shift <= 63:
         return raw << np.int64(-shift)
@@ -220,7 +225,7 @@ def _cast(t: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray:
     q = _round_grid(t, raw, src)
     if q is None:
         return t.cast(raw, src)
-    return _core.fit_int64(q, t, inplace=q is not raw)
+    return _core.fit_int64(q.astype(np.int64, copy=False), t, inplace=q is not raw)
 
 
 def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -257,14 +262,17 @@ def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, 
     rows = max(1, _ROW_BLOCK_ELEMS // max(1, n_in * n_out))
     out = np.empty((x.shape[0], n_out), dtype=rt.raw_dtype)
     wrap = at.overflow == "AP_WRAP" and not at.sat_bits
+    # Products of <= 30 bits are computed in int32: half the memory traffic of the B x n_in x n_out pass.
+    xw, ww = (x.astype(np.int32), w.astype(np.int32)) if pt.width <= 30 else (x, w)
     for r0 in range(0, x.shape[0], rows):
         xb = x[r0 : r0 + rows]
-        prod = xb[:, :, None] * w[None, :, :]  # exact: the spec keeps x * w within 62 bits
+        prod = xw[r0 : r0 + rows, :, None] * ww[None, :, :]  # exact: the spec keeps x * w within 62 bits
         grid = _round_grid(at, prod, pt)
         if grid is not None and wrap:
             # Wrapping each product and every partial sum into W bits is the total modulo 2**W.
-            acc = _core.fit_int64(grid.sum(axis=1) + acc0, at, inplace=True)
+            acc = _core.fit_int64(grid.sum(axis=1, dtype=np.int64) + acc0, at, inplace=True)
         elif grid is not None:
+            grid = grid.astype(np.int64, copy=False)
             terms = _core.fit_int64(grid, at, inplace=grid is not prod)  # mult[i] = (accum_t)(x * w)
             acc = np.array(np.broadcast_to(acc0, (xb.shape[0], n_out)))
             for i in range(n_in):  # acc += mult[i], saturating after every step

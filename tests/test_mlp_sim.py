@@ -66,3 +66,17 @@ def test_weights_go_through_hls4ml_decimal_text():
     vals = np.array([0.0078125, 0.0234375])
     assert simmlp.quantize_like_hls4ml(vals, t).tolist() == [0, 2]
     assert t.quantize(vals).tolist() == [1, 2]
+
+
+def test_int32_product_path_equals_int64():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        src = FixedType(int(rng.integers(2, 31)), int(rng.integers(-4, 12)))
+        dst = FixedType(int(rng.integers(2, 40)), int(rng.integers(-4, 20)), True, str(rng.choice(ROUNDING)), str(rng.choice(OVERFLOW)))
+        raw = rng.integers(src.min_raw, src.max_raw, size=400, endpoint=True, dtype=np.int64)
+        a = simmlp._round_grid(dst, raw.astype(np.int32), src)
+        b = simmlp._round_grid(dst, raw, src)
+        if b is None:
+            assert a is None
+        else:
+            assert np.array_equal(np.asarray(a, dtype=np.int64), b), (str(src), str(dst))
