@@ -103,6 +103,12 @@ class MlpLayer:
         return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _ftype(text: str) -> FixedType:
+    """Parsed type, cached: a batch-1 call would otherwise spend most of its time in the parser."""
+    return FixedType.parse(text)
+
+
 # -- weights -------------------------------------------------------------------------------------
 def quantize_like_hls4ml(values: np.ndarray, t: FixedType | str) -> np.ndarray:
     """Raw values the hls4ml firmware holds for float weights ``values`` in type ``t``.
@@ -148,7 +154,7 @@ def _float_table(op: str, n: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _table_raw(op: str, n: int, table: str) -> np.ndarray:
-    raw = FixedType.parse(table).quantize(_float_table(op, n).astype(np.float64))
+    raw = _ftype(table).quantize(_float_table(op, n).astype(np.float64))
     raw.setflags(write=False)
     return raw
 
@@ -157,7 +163,7 @@ def activation_table(op: str, table_size: int, table: str) -> np.ndarray:
     """Raw ``table_t`` contents of hls4ml's sigmoid/tanh lookup table."""
     if op not in _TABLE_SPAN:
         raise ValueError(f"op {op!r} has no lookup table (sigmoid, tanh do)")
-    return _table_raw(op, int(table_size), str(FixedType.parse(table)))
+    return _table_raw(op, int(table_size), str(_ftype(table)))
 
 
 def _wrap32(v: np.ndarray) -> np.ndarray:
@@ -229,12 +235,12 @@ def _cast(t: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray:
 
 
 def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
-    wt = FixedType.parse(layer.weight)
-    at = FixedType.parse(layer.accum)
-    rt = FixedType.parse(layer.result)
+    wt = _ftype(layer.weight)
+    at = _ftype(layer.accum)
+    rt = _ftype(layer.result)
     w = np.asarray(tensors[f"{layer.name}.weight"], dtype=np.int64)  # [n_in, n_out]
     if layer.use_bias:
-        bt = FixedType.parse(layer.bias)
+        bt = _ftype(layer.bias)
         acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), bt)  # checked once
     else:
         acc0 = np.zeros(layer.n_out, dtype=np.int64)
@@ -287,28 +293,28 @@ def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, 
 
 
 def _batchnorm(x, xt, layer, tensors):
-    st = FixedType.parse(layer.scale)
-    bt = FixedType.parse(layer.bias)
-    rt = FixedType.parse(layer.result)
+    st = _ftype(layer.scale)
+    bt = _ftype(layer.bias)
+    rt = _ftype(layer.result)
     prod, pt = mul(x, xt, np.asarray(tensors[f"{layer.name}.scale"], dtype=np.int64), st)
     s, sumt = add(prod, pt, np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), bt)
     return _cast(rt, s, sumt)
 
 
 def _activation(x, xt, layer):
-    rt = FixedType.parse(layer.result)
+    rt = _ftype(layer.result)
     if layer.op == "relu":
         # (result_t)0 is 0 in every mode, so clamping first and casting once is the same.
         return _cast(rt, np.maximum(x, 0), xt)
     if layer.op == "leaky_relu":
-        ptype = FixedType.parse(layer.param)
+        ptype = _ftype(layer.param)
         alpha = ptype.quantize(np.float64(layer.alpha))
         prod, pt = mul(np.broadcast_to(alpha, x.shape), ptype, x, xt)
         return np.where(x > 0, _cast(rt, x, xt), _cast(rt, prod, pt)).astype(rt.raw_dtype, copy=False)
     n = int(layer.table_size)
     table = activation_table(layer.op, n, layer.table)
     idx = _table_index(x, xt, layer.op, n)
-    return _cast(rt, table[idx], FixedType.parse(layer.table))
+    return _cast(rt, table[idx], _ftype(layer.table))
 
 
 def forward(
@@ -324,7 +330,7 @@ def forward(
     With ``trace=True`` also returns ``[(layer name, raw output, type), ...]`` for every layer,
     the input quantization first (named ``"input"``).
     """
-    t = FixedType.parse(input_type)
+    t = _ftype(input_type)
     v = t.quantize(np.asarray(x, dtype=np.float64))
     steps = [("input", v, t)] if trace else []
     for layer in layers:
@@ -336,7 +342,7 @@ def forward(
             v = _activation(v, t, layer)
         else:
             raise ValueError(f"layer {layer.name!r}: unknown op {layer.op!r}; supported: {', '.join(OPS)}")
-        t = FixedType.parse(layer.result)
+        t = _ftype(layer.result)
         if trace:
             steps.append((layer.name, v, t))
     return (v, steps) if trace else v
@@ -345,5 +351,5 @@ def forward(
 def simulate(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """Float64 outputs [B, n_out], bit for bit what hls4ml's C-simulation ``predict`` returns."""
     raw = forward(input_type, layers, tensors, x)
-    last = FixedType.parse(layers[-1].result if layers else input_type)
+    last = _ftype(layers[-1].result if layers else input_type)
     return last.to_float(raw)
