@@ -229,15 +229,6 @@ def validate(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[s
             raise TypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
 
 
-def check_tensors(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> None:
-    """Validate resident tensors fully (shapes, dtypes and raw ranges of their types)."""
-    types = spec.tensor_types()
-    for name, shape in spec.tensor_shapes().items():
-        if name not in tensors:
-            raise KeyError(f"mlp resident tensor {name!r} missing")
-        FixedType.parse(types[name]).check_raw(np.asarray(tensors[name]), name)
-
-
 def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``{"y": float64 [B, n_out]}``: the exact fixed-point outputs (validated inputs assumed)."""
     x = np.asarray(inputs["x"], dtype=np.float64)

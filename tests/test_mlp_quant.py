@@ -111,3 +111,13 @@ def test_report_prints_and_saves(data, tmp_path):
     assert saved["layers"][1]["types"]["weight"] == mlp.spec.layers[0].weight
     png = mlp.report.save_png(tmp_path / "q.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_huge_calibration_ranges_trade_fraction_bits_for_integer_bits():
+    seq = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    x = np.random.default_rng(0).normal(size=(500, 4)) * 1e9
+    mlp = offload.nn.MLP.from_float(seq, calib=x)
+    assert mlp.report.search["feasible"]
+    with torch.no_grad():
+        ref = seq.double()(torch.from_numpy(x)).numpy()
+    assert float(np.max(np.abs(mlp.simulate(x) - ref))) <= mlp.report.budget

@@ -338,6 +338,23 @@ def _types_for(layers, plan: _Plan, f_in: int, f_par: list[int], f_res: list[int
     return input_type, types
 
 
+def _widest_valid(layers, plan: _Plan, table_size: int, n_features: int) -> int:
+    """The most fraction bits (<= _F_MAX) for which every width stays within the 62-bit datapath
+    (huge calibration ranges need many integer bits, leaving fewer for fractions)."""
+    from offload.kernels.mlp import MlpSpec
+
+    n = len(layers)
+    for f in range(_F_MAX, -1, -1):
+        input_type, types = _types_for(layers, plan, f, [f] * n, [f] * n, table_size)
+        try:
+            sim_layers, consts = build_layers(layers, types)
+            MlpSpec(n_features, input_type, tuple(sim_layers), consts)
+        except ValueError:
+            continue
+        return f
+    raise ValueError("quantization: the calibration ranges need more than 62 bits in some layer")
+
+
 def choose_precision(
     layers: Sequence[FloatLayer],
     x: np.ndarray,
@@ -372,7 +389,8 @@ def choose_precision(
     plan = _plan(layers, xs, flo)
     n = len(layers)
     has_par = [bool(plan.par[k]) and layers[k].op in ("dense", "batchnorm") for k in range(n)]
-    state = {"in": _F_MAX, "par": [_F_MAX] * n, "res": [_F_MAX] * n}
+    f_max = _widest_valid(layers, plan, table_size, xs.shape[1])
+    state = {"in": f_max, "par": [f_max] * n, "res": [f_max] * n}
     evals = [0]
 
     def ok(st) -> bool:
@@ -395,7 +413,7 @@ def choose_precision(
         feasible = ok(state)
     if not feasible:
         warnings.warn(
-            f"quantization: even {_F_MAX} fraction bits everywhere miss cosine >= {cos_threshold} or the "
+            f"quantization: even {f_max} fraction bits everywhere miss cosine >= {cos_threshold} or the "
             f"budget {budget:g}; keeping the widest types",
             QuantizationBudgetWarning,
             stacklevel=3,
@@ -438,7 +456,7 @@ def choose_precision(
         "evaluations": evals[0],
         "calibration_rows_searched": int(len(xs)),
         "total_bits": _total_bits(layers, input_type, types),
-        "total_bits_widest": _total_bits(layers, *_types_for(layers, plan, _F_MAX, [_F_MAX] * n, [_F_MAX] * n, table_size)),
+        "total_bits_widest": _total_bits(layers, *_types_for(layers, plan, f_max, [f_max] * n, [f_max] * n, table_size)),
         "feasible": bool(feasible),
         "table_size": table_size if has_tables else None,
     }
