@@ -241,8 +241,8 @@ class MLP(torch.nn.Module):
                         lin.bias.copy_(torch.from_numpy(fl.params["bias"]))
                 mods[fl.name] = lin
             elif fl.op == "batchnorm":
-                # scale/bias already folded: gamma = scale, var = 1 - eps... not exact in float32;
-                # hls4ml recomputes gamma / sqrt(var + eps), so pass var + eps == 1 exactly.
+                # hls4ml recomputes scale = gamma / sqrt(var + eps) and bias = beta - scale * mean:
+                # gamma = scale, beta = bias, mean = 0, var = 1, eps = 0 give back our float32 values exactly.
                 bn = torch.nn.BatchNorm1d(fl.n_in, eps=0.0)
                 with torch.no_grad():
                     bn.weight.copy_(torch.from_numpy(fl.params["scale"]))
