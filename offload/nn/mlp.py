@@ -29,6 +29,7 @@ import offload._ops_mlp  # noqa: F401  (registers torch.ops.offload.mlp_score)
 from offload._runtime import make_resident, release_resident
 from offload.kernels import Kernel
 from offload.kernels.mlp import MlpSpec, validate
+from offload.quant.drift import check_drift
 from offload.quant.ptq import (
     FloatLayer,
     QuantReport,
@@ -185,18 +186,22 @@ class MLP(torch.nn.Module):
         nf = layers[0].n_in
         if calib_np is not None and calib_np.shape[1] != nf:
             raise ValueError(f"calib has {calib_np.shape[1]} features, the model takes {nf}")
+        ref = None if reference is None else _as_features(reference, "reference")
+        lab = None if labels is None else np.asarray(labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels, dtype=np.float64).ravel()
         if isinstance(precision, str) and precision == "auto":
             if calib_np is None:
                 raise ValueError('precision="auto" needs a calibration set: from_float(seq, calib=X)')
-            ref = None if reference is None else _as_features(reference, "reference")
-            lab = None if labels is None else np.asarray(labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels, dtype=np.float64).ravel()
             input_type, types, report = choose_precision(
                 layers, calib_np, labels=lab, reference=ref, cos_threshold=cos_threshold, budget=budget,
                 table_size=table_size, drift_threshold=drift_threshold,
             )
         else:
             input_type, types = fixed_precision(layers, precision, table_size=table_size)
-            report = quant_report(layers, input_type, types, calib_np, labels=None) if calib_np is not None else None
+            report = None
+            if calib_np is not None:
+                if ref is not None:
+                    check_drift(calib_np, ref, threshold=drift_threshold)
+                report = quant_report(layers, input_type, types, calib_np, labels=lab)
         sim_layers, consts = build_layers(layers, types)
         spec = MlpSpec(nf, input_type, tuple(sim_layers), consts, reuse_factor)
         return cls(spec, layers, report, name, device)
