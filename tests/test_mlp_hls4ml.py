@@ -33,10 +33,10 @@ def _assert_same(y_sim: np.ndarray, y_hls: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("seed", [11, 12, 16])
-def test_random_spec_matches_hls4ml(seed, tmp_path):
+def test_random_spec_matches_hls4ml_100k_rows(seed, tmp_path):
     spec, floats = random_spec(seed)
     rng = np.random.default_rng(seed)
-    x = adversarial_inputs(rng, 12000, spec.n_features, spec.input_type)
+    x = adversarial_inputs(rng, 100_000, spec.n_features, spec.input_type)
     # Float weights (not the dequantized raws): hls4ml prints and re-reads them itself.
     model = build_model(spec, tmp_path, float_weights=floats)
     y_hls = _predict(model, x)
