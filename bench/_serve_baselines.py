@@ -1,5 +1,6 @@
-"""Baseline servers for bench/bench_serve.py, on the same HTTP stack as the service (Starlette on
-uvicorn with uvloop + httptools, orjson, the same OIP parser and encoder):
+"""Baseline servers for bench/bench_serve.py, on the same HTTP stack as the service (uvicorn with
+uvloop + httptools; the infer POST handled as plain ASGI in front of Starlette, as the service
+does; orjson; the same OIP parser and encoder):
 
 - ``naive``: the float torch model called once per request, in the request handler, no batching.
 - ``floor``: a trivial endpoint that reads the body and returns a constant OIP response: the
@@ -32,7 +33,7 @@ def _meta(request: Request) -> Response:
     return Response(META, media_type="application/json")
 
 
-def naive_app(weights: str) -> Starlette:
+def naive_app(weights: str):
     import torch
 
     from offload.examples.risk import train_float_model
@@ -43,27 +44,47 @@ def naive_app(weights: str) -> Starlette:
         model.load_state_dict({k: torch.from_numpy(w[k]) for k in w.files})
     model.eval()
 
-    async def infer(request: Request) -> Response:
+    def infer(body: bytes, header_length: str | None) -> tuple[int, bytes, dict[str, str]]:
         try:
-            req = parse_infer(await request.body(), request.headers.get("inference-header-content-length"), INP, OUT, 64)
+            req = parse_infer(body, header_length, INP, OUT, 64)
         except OipError as e:
-            return Response(orjson.dumps({"error": e.message}), status_code=e.status, media_type="application/json")
+            return e.status, orjson.dumps({"error": e.message}), {"content-type": "application/json"}
         with torch.inference_mode():
             y = model(torch.from_numpy(req.x.astype(np.float32))).numpy()
-        body, headers = encode_infer("risk", "1", req, y, OUT)
-        return Response(body, headers=headers)
+        out, headers = encode_infer("risk", "1", req, y, OUT)
+        return 200, out, headers
 
-    return Starlette(routes=[Route("/v2/models/risk", _meta), Route("/v2/models/risk/infer", infer, methods=["POST"])])
+    return _app(infer)
 
 
-def floor_app() -> Starlette:
+def floor_app():
     const = orjson.dumps({"model_name": "risk", "model_version": "1", "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 1], "data": [0.5]}]})
+    headers = {"content-type": "application/json"}
+    return _app(lambda body, header_length: (200, const, headers))
 
-    async def infer(request: Request) -> Response:
-        await request.body()
-        return Response(const, media_type="application/json")
 
-    return Starlette(routes=[Route("/v2/models/risk", _meta), Route("/v2/models/risk/infer", infer, methods=["POST"])])
+def _app(infer):
+    """Plain-ASGI POST /v2/models/risk/infer (body read as the service reads it), Starlette for the rest."""
+    routed = Starlette(routes=[Route("/v2/models/risk", _meta)])
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/v2/models/risk/infer":
+            await routed(scope, receive, send)
+            return
+        hl = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"inference-header-content-length"), None)
+        chunks, more = [], True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        status, out, headers = infer(b"".join(chunks), hl)
+        raw = [(b"content-length", str(len(out)).encode())] + [(k.encode(), v.encode()) for k, v in headers.items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": out})
+
+    return app
 
 
 def main() -> None:

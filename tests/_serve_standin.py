@@ -44,11 +44,14 @@ class FlakyDevice(SimDevice):
         super().__init__(spec)
         self.fail_next = 0
         self.timeout = False
+        self.crash = False
         self.runs = 0
         FlakyDevice.instances.append(self)
 
     def run(self, handle, inputs, timeout=None):
         self.runs += 1
+        if self.crash:
+            raise RuntimeError("flaky: a bug, not a device fault")
         if self.fail_next > 0:
             self.fail_next -= 1
             raise (DeviceTimeout if self.timeout else DeviceError)("flaky: injected fault")

@@ -145,6 +145,10 @@ def test_hostile_input_gets_4xx_json_and_service_keeps_serving(bundle):
         assert r.status_code == 404 and "unknown model 'other'" in r.json()["error"]
         r = c.get("/v2/models/risk/infer")
         assert r.status_code == 405 and "error" in r.json()
+        r = c.post("/v2/models/risk/versions/2/infer", json=_body(good))
+        assert r.status_code == 404 and "no version '2'" in r.json()["error"]
+        r = c.post("/v2/models/risk/versions/1/infer", json=_body(good))
+        assert r.status_code == 200
         r = c.post("/v2/models/risk/infer", json=_body(good))
         assert r.status_code == 200
         np.testing.assert_array_equal(np.float32(r.json()["outputs"][0]["data"]), _sim_rows(bundle, good).ravel())
@@ -239,3 +243,16 @@ def test_api_key(bundle):
         ok = {"Authorization": "Bearer s3cret"}
         assert c.post("/v2/models/risk/infer", json=_body(x), headers=ok).status_code == 200
         assert c.get("/metrics", headers=ok).status_code == 200
+
+
+def test_unexpected_error_is_a_json_500_and_the_service_recovers(bundle):
+    svc = ScoringService(bundle, ServeConfig(device="flaky"))
+    dev = standin.FlakyDevice.instances[-1]
+    x = np.ones((1, N_IN), np.float32)
+    with live(svc.app) as url, httpx.Client(base_url=f"http://{url}", timeout=10) as c:
+        dev.crash = True
+        r = c.post("/v2/models/risk/infer", json=_body(x))
+        assert r.status_code == 500 and r.json() == {"error": "internal error"}
+        dev.crash = False
+        assert c.post("/v2/models/risk/infer", json=_body(x)).status_code == 200
+        assert 'offload_errors_total{type="internal"} 1.0' in c.get("/metrics").text

@@ -116,18 +116,26 @@ class DynamicBatcher:
             raise BatcherStopped("service is shutting down")
         if len(self._queue) >= self.max_queue_size:
             raise QueueFull(f"queue is full ({self.max_queue_size} requests waiting)")
-        p = _Pending(x, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        p = _Pending(x, loop.create_future())
         self._queue.append(p)
         self._rows += x.shape[0]
         if self._rows >= self.max_batch_size or len(self._queue) == 1:
             self._wakeup.set()
+        # A timer on the future itself: cheaper than asyncio.wait_for, which adds a waiter per call.
+        timer = loop.call_later(timeout, self._expire, p, timeout)
         try:
-            return await asyncio.wait_for(p.future, timeout)
-        except asyncio.TimeoutError:
-            if not p.taken:  # still queued: take it out so the device never computes it
-                self._queue.remove(p)
-                self._rows -= x.shape[0]
-            raise RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms") from None
+            return await p.future
+        finally:
+            timer.cancel()
+
+    def _expire(self, p: _Pending, timeout: float) -> None:
+        if p.future.done():
+            return
+        if not p.taken:  # still queued: take it out so the device never computes it
+            self._queue.remove(p)
+            self._rows -= p.x.shape[0]
+        p.future.set_exception(RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms"))
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
