@@ -57,7 +57,7 @@ class QuantReport:
         from rich.table import Table
 
         t = Table(title=f"offload quantization report ({self.rows} calibration rows)")
-        for col in ("layer", "op", "observed min", "observed max", "weight", "bias", "accum", "result", "cosine", "saturated"):
+        for col in ("layer", "op", "observed min", "observed max", "weight|scale|param|table", "bias", "accum", "result", "cosine", "saturated"):
             t.add_column(col, justify="right" if col in ("observed min", "observed max", "cosine", "saturated") else "left")
         for r in self.layers:
             ty = r.types
