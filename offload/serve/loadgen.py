@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import time
@@ -163,15 +164,27 @@ async def run_load(
                 errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
 
         tasks = []
-        t0 = time.perf_counter() + 0.05
-        for i in range(n):
-            due = t0 + i / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(one(i, due)))
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - t0
+        # A full collection in the middle of a run would stall every request due meanwhile (in a
+        # process holding torch, ~100+ ms) and be charged to the server: objects alive now are
+        # frozen out of collection, and the collector waits until the run is over.
+        gc_was_enabled = gc.isenabled()
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        try:
+            t0 = time.perf_counter() + 0.05
+            for i in range(n):
+                due = t0 + i / rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.ensure_future(one(i, due)))
+            await asyncio.gather(*tasks)
+            elapsed = time.perf_counter() - t0
+        finally:
+            gc.unfreeze()
+            if gc_was_enabled:
+                gc.enable()
     return LoadResult(url, rate, duration, batch, n, ok, errors, elapsed, hist)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import logging
 import signal
@@ -57,6 +58,10 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
     if not is_loopback(host):
         logging.getLogger("offload.serve").warning("binding %s: the service is reachable from the network%s", host, "" if config.api_key else " WITHOUT an API key")
     app = create_app(bundle, config)
+    # Everything loaded so far lives as long as the process: keep it out of every later
+    # collection, so a full GC pass while serving scans only per-request garbage.
+    gc.collect()
+    gc.freeze()
     server = uvicorn.Server(_uvicorn_config(app, host, port, drain_s, log_level))
     # uvicorn drains, restores the previous handlers and re-raises the signal it caught; a clean
     # drain should end the process with status 0, not "killed by SIGTERM".
