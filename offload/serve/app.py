@@ -78,6 +78,7 @@ class ScoringService:
         )
         self._request_hist = self.metrics.request_duration.labels(model=self.model.name)
         self._ok_counter = self.metrics.requests.labels(model=self.model.name, code="200")
+        self.metrics.fallbacks.labels(model=self.model.name)  # exported as 0 from the start, not absent
         self._started = False
         self._timeout_s = cfg.request_timeout_ms / 1e3
         self.app = self._build()

@@ -96,6 +96,12 @@ def _cluster_running() -> bool:
 
 def run_ray(bundle: str, config: ServeConfig, *, replicas: int, resource: str, host: str, port: int) -> None:
     """``offload serve --ray``: deploys, then serves until SIGTERM/SIGINT, then shuts Ray Serve down."""
+    import os
+
+    # Ray's C++ failure-signal handler turns SIGTERM into an immediate death (after a stack dump),
+    # so the handler below would never run; this process only drives the deployment. Read when
+    # Ray is imported, so set first.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     from ray import serve
 
     info = deploy(bundle, config, replicas=replicas, resource=resource, host=host, port=port)
@@ -103,5 +109,10 @@ def run_ray(bundle: str, config: ServeConfig, *, replicas: int, resource: str, h
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    while not stop.wait(0.5):  # a bounded wait keeps the main thread able to run signal handlers
+        pass
+    print("offload serve --ray: stopping (Ray Serve drains the replicas)", flush=True)
     serve.shutdown()
+    import ray
+
+    ray.shutdown()
