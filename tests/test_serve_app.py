@@ -98,6 +98,14 @@ def test_concurrent_requests_each_get_their_own_rows(bundle, device):
     rows = svc.metrics.registry.get_sample_value("offload_batch_size_sum", {"model": "risk"})
     assert hist is not None and rows == sizes.sum()  # no row lost or computed twice
     assert n_batches < len(xs), "no batching happened"
+    get = svc.metrics.registry.get_sample_value
+    assert get("offload_request_duration_seconds_count", {"model": "risk"}) == len(xs)
+    assert get("offload_queue_duration_seconds_count", {"model": "risk"}) == len(xs)
+    assert get("offload_compute_duration_seconds_count", {"model": "risk", "device": device}) == n_batches
+    assert get("offload_requests_total", {"model": "risk", "code": "200"}) == len(xs)
+    # The server has shut down by now: its lifespan closed the device.
+    assert get("offload_device_state", {"device": device, "state": "closed"}) == 1.0
+    assert get("offload_device_state", {"device": device, "state": "up"}) == 0.0
 
 
 _BIN_HEAD = b'{"inputs":[{"name":"x","shape":[1,16],"datatype":"FP32","parameters":{"binary_data_size":32}}]}'
