@@ -149,6 +149,8 @@ def test_hostile_input_gets_4xx_json_and_service_keeps_serving(bundle):
             assert r.status_code == 400 and "row 0 column 5" in r.json()["error"], r.text
         r = c.post("/v2/models/risk/infer", content=b"0" * (65 * 1024))
         assert r.status_code == 413 and "limit" in r.json()["error"]
+        r = c.post("/v2/models/risk/infer", content=iter([b"0" * 40000, b"0" * 40000]))  # chunked: no length up front
+        assert r.status_code == 413 and "limit" in r.json()["error"]
         r = c.post("/v2/models/other/infer", json=_body(good))
         assert r.status_code == 404 and "unknown model 'other'" in r.json()["error"]
         r = c.get("/v2/models/risk/infer")
