@@ -6,7 +6,6 @@ import asyncio
 import json
 import threading
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 

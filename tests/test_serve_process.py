@@ -3,13 +3,11 @@ scored by a stock Triton client; SIGTERM drains queued requests before the proce
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
