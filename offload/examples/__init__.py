@@ -1,1 +1,1 @@
-"""Worked examples that build offload bundles (the risk-scoring MLP used by the demo and the tests)."""
+"""Worked examples that train a model and write its offload bundle (``risk``: the scoring MLP the service demo and tests use; ``dlrm``)."""
