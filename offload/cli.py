@@ -1,8 +1,15 @@
-"""The ``offload`` command line. Subcommands live in the modules that own them and are added here."""
+"""The ``offload`` command line. Each subcommand lives in the module that owns it; this file only
+assembles the group. Those modules keep torch imports inside their commands, so ``offload --help``
+stays fast."""
 
 from __future__ import annotations
 
 import click
+
+from offload._cli_advise import advise_cmd
+from offload._cli_build import build_cmd, devices_cmd, info_cmd
+from offload._cli_regress import regress
+from offload.serve._cli import bench_cmd, example_cmd, serve_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,26 +26,8 @@ def demo() -> None:
     run_demo()
 
 
-from offload._cli_regress import regress as _regress  # noqa: E402
-
-main.add_command(_regress)
-
-from offload.serve._cli import bench_cmd as _bench_cmd, example_cmd as _example_cmd, serve_cmd as _serve_cmd  # noqa: E402
-
-main.add_command(_serve_cmd)
-main.add_command(_bench_cmd)
-main.add_command(_example_cmd)
-
-
-from offload._cli_build import build_cmd as _build_cmd, devices_cmd as _devices_cmd, info_cmd as _info_cmd  # noqa: E402
-
-main.add_command(_build_cmd)
-main.add_command(_info_cmd)
-main.add_command(_devices_cmd)
-
-from offload._cli_advise import advise_cmd as _advise_cmd  # noqa: E402
-
-main.add_command(_advise_cmd)
+for _cmd in (build_cmd, info_cmd, devices_cmd, regress, advise_cmd, serve_cmd, bench_cmd, example_cmd):
+    main.add_command(_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover
