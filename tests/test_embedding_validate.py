@@ -138,3 +138,19 @@ def test_module_errors_leave_resident_state_unchanged():
     for k, v in res.device._get(res.handle).tensors.items():
         np.testing.assert_array_equal(v, dev_tables[k])
     assert torch.equal(m(idx, off), y0)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_max_norm_refused_by_every_module(which):
+    # max_norm renormalises rows during the lookup, which the kernel does not do: silently
+    # dropping it would return different numbers than torch.
+    plain = torch.nn.EmbeddingBag(10, 4, mode="sum")
+    renorm = torch.nn.EmbeddingBag(10, 4, mode="sum", max_norm=1.0)
+    bags = [plain, plain]
+    bags[which] = renorm
+    with pytest.raises(ValueError, match=rf"bags\[{which}\]: max_norm"):
+        offload.nn.TableBatchedEmbeddingBags.from_float(bags)
+    with pytest.raises(ValueError, match="max_norm"):
+        offload.nn.EmbeddingBag.from_float(renorm)
+    with pytest.raises(ValueError, match="max_norm"):
+        offload.nn.Embedding.from_float(torch.nn.Embedding(10, 4, max_norm=1.0))

@@ -231,6 +231,9 @@ class TableBatchedEmbeddingBags(_Resident):
         bags = list(bags)
         if not bags or not all(isinstance(b, torch.nn.EmbeddingBag) for b in bags):
             raise TypeError("bags: expected a non-empty sequence of torch.nn.EmbeddingBag")
+        for i, b in enumerate(bags):
+            if b.max_norm is not None:
+                raise ValueError(f"bags[{i}]: max_norm renormalises rows at lookup time; not supported on the offload kernel")
         modes = {b.mode for b in bags}
         if len(modes) != 1:
             raise ValueError(f"bags: all tables of one kernel share a mode, got {sorted(modes)}")
