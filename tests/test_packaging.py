@@ -65,6 +65,10 @@ def test_wheel_install_in_scratch_venv(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "offload/sim/__init__.py" in names and "offload/host/device.py" in names
     assert any(n.startswith("offload/hls/src/") and n.endswith(".h") for n in names)
+    # Data the installed package reads at run time: the MLP kernel template, golden vectors, baselines.
+    assert "offload/hls/templates/mlp/kernel.cpp.tmpl" in names
+    assert "offload/kernels/golden/index.json" in names and any(n.startswith("offload/kernels/golden/") and n.endswith(".npz") for n in names)
+    assert any(n.startswith("offload/kernels/baselines/") and n.endswith(".json") for n in names)
     # Install the wheel into a scratch target and import it from outside the source tree; the
     # dev venv supplies numpy and hls4ml, and PYTHONPATH puts the wheel ahead of the editable install.
     site = tmp_path / "site"
