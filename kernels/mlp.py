@@ -200,6 +200,21 @@ def _check_spec(spec: MlpSpec) -> None:
 
 
 # -- the kind ------------------------------------------------------------------------------------
+_SHAPES: dict[int, tuple[MlpSpec, dict[str, tuple[int, ...]]]] = {}
+
+
+def _tensor_shapes(spec: MlpSpec) -> dict[str, tuple[int, ...]]:
+    """``spec.tensor_shapes()``, kept per spec object: validate() runs on every request."""
+    hit = _SHAPES.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    shapes = spec.tensor_shapes()
+    if len(_SHAPES) >= 64:
+        _SHAPES.pop(next(iter(_SHAPES)), None)
+    _SHAPES[id(spec)] = (spec, shapes)
+    return shapes
+
+
 def validate(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
     """Check ``inputs["x"]`` (float [B, n_features], finite) and the resident tensors.
 
@@ -215,11 +230,15 @@ def validate(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[s
         raise ValueError(f"mlp input 'x' must have shape [batch, {spec.n_features}], got {list(x.shape)}")
     if x.shape[0] > MAX_BATCH:
         raise ValueError(f"mlp input 'x': batch {x.shape[0]} exceeds the limit {MAX_BATCH}")
-    bad = ~np.isfinite(x)
-    if bad.any():
-        r, c = np.argwhere(bad)[0]
-        raise ValueError(f"mlp input 'x' row {int(r)} column {int(c)} is {x[r, c]!r}: features must be finite")
-    for name, shape in spec.tensor_shapes().items():
+    # One reduction decides for the whole batch: the sum of squares is finite when every feature
+    # is (NaN and infinities propagate); only a non-finite sum (or a huge finite feature that
+    # overflows it) pays for the element-wise search.
+    if not np.isfinite(np.vdot(x, x)):
+        bad = ~np.isfinite(x)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise ValueError(f"mlp input 'x' row {int(r)} column {int(c)} is {x[r, c]!r}: features must be finite")
+    for name, shape in _tensor_shapes(spec).items():
         if name not in tensors:
             raise KeyError(f"mlp resident tensor {name!r} missing")
         a = np.asarray(tensors[name])

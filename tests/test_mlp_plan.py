@@ -1,0 +1,122 @@
+"""The MLP simulator's compiled small-batch plan against its general step-by-step path.
+
+``simulate`` runs a plan compiled once per (layers, tensors): float64 steps with the scalings
+folded into the weights, tables pre-cast, provably idle saturations dropped. Zero mismatches are
+required against ``forward`` with every shortcut off (``_FAST_DENSE = False``), on random specs
+with random rounding / overflow modes, adversarial rows, batch 1 and larger batches. (The general
+path itself is proven against hls4ml's C-simulation in test_mlp_hls4ml.py.)
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import offload.sim.mlp as simmlp
+from mlp_cases import adversarial_inputs, random_spec
+from offload.sim.fixed import FixedType
+
+
+def _general(spec, tensors, x, monkeypatch) -> np.ndarray:
+    with monkeypatch.context() as m:
+        m.setattr(simmlp, "_FAST_DENSE", False)
+        return simmlp.simulate(spec.input_type, spec.layers, tensors, x)
+
+
+def _plan_inputs(rng, rows: int, spec) -> np.ndarray:
+    """Adversarial rows (ties, type edges, far outside), with the +-1e300 ones brought down to
+    +-1e6 so the batch stays on the plan (larger values take the bit-level quantization)."""
+    x = adversarial_inputs(rng, rows, spec.n_features, spec.input_type)
+    huge = np.abs(x) > 1e200
+    x[huge] = np.sign(x[huge]) * 1e6
+    return x
+
+
+@pytest.mark.parametrize("narrow", [True, False])
+def test_plan_equals_general_path_on_random_specs(narrow, monkeypatch):
+    kinds = collections.Counter()
+    for seed in range(40):
+        spec, _ = random_spec(seed, narrow=narrow)
+        tensors = spec.tensors()
+        rng = np.random.default_rng(seed)
+        x = _plan_inputs(rng, 800, spec)
+        plan = simmlp._plan_for(spec.input_type, spec.layers, tensors)
+        assert plan is not None, spec.layers
+        kinds.update(getattr(s, "__name__", "") for s in plan.steps)
+        y = plan.run(x)
+        assert y is not None  # the batch really took the plan
+        want = _general(spec, tensors, x, monkeypatch)
+        bad = np.argwhere(y != want)
+        assert len(bad) == 0, f"seed {seed}: {len(bad)} mismatches, first {bad[:3].tolist()}"
+        # Batch 1, row by row, through the public entry point (the plan is cached by then).
+        for i in range(0, 800, 37):
+            assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x[i : i + 1]), want[i : i + 1]), (seed, i)
+    # The cases reach the plan's float GEMM, table, and (narrow) per-product wrap and int64 steps.
+    assert kinds["gemm"] and kinds["lookup"]
+    if narrow:
+        assert kinds["wrapsum"] and kinds["step"]
+
+
+def test_plan_falls_back_for_inputs_it_cannot_take(monkeypatch):
+    spec, _ = random_spec(3, narrow=False)
+    tensors = spec.tensors()
+    rng = np.random.default_rng(3)
+    x = adversarial_inputs(rng, 400, spec.n_features, spec.input_type)  # holds +-1e300
+    plan = simmlp._plan_for(spec.input_type, spec.layers, tensors)
+    assert plan.run(x) is None
+    assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x), _general(spec, tensors, x, monkeypatch))
+    x[5, 0] = np.inf
+    assert plan.run(x) is None
+    assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x), _general(spec, tensors, x, monkeypatch))
+    x[7, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        simmlp.simulate(spec.input_type, spec.layers, tensors, x)
+
+
+def test_plan_follows_changed_weights(monkeypatch):
+    for seed in range(5, 50):  # a spec whose output is not constant, so changed weights show
+        spec, _ = random_spec(seed, narrow=False)
+        tensors = spec.tensors()  # writable arrays: compared with the plan's snapshot every call
+        rng = np.random.default_rng(seed)
+        x = _plan_inputs(rng, 300, spec)
+        before = simmlp.simulate(spec.input_type, spec.layers, tensors, x)
+        if np.unique(before).size > 20:
+            break
+    name = [k for k in tensors if k.endswith(".weight")][-1]
+    wt = FixedType.parse(spec.tensor_types()[name])
+    tensors[name][...] = rng.integers(wt.min_raw, wt.max_raw, size=tensors[name].shape, endpoint=True)  # in place
+    after = simmlp.simulate(spec.input_type, spec.layers, tensors, x)
+    assert not np.array_equal(before, after)
+    assert np.array_equal(after, _general(spec, tensors, x, monkeypatch))
+    tensors[name] = np.full_like(tensors[name], wt.min_raw)  # a new array under the same name
+    assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x), _general(spec, tensors, x, monkeypatch))
+    # Read-only arrays that own their memory (the sim device's resident copies) are kept by identity.
+    frozen = {k: np.array(v, copy=True) for k, v in spec.tensors().items()}
+    for v in frozen.values():
+        v.setflags(write=False)
+    assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, frozen, x), before)
+    assert simmlp._plan_for(spec.input_type, spec.layers, frozen).arrays[0][2] is None
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("seed", [11, 12])  # batchnorm, leaky_relu, int64 dense steps; per-product wrap
+def test_plan_matches_hls4ml_directly(seed, tmp_path):
+    """The plan against hls4ml's compiled C-simulation itself, on rows that stay on the plan."""
+    from offload.hls.mlp import build_model
+
+    spec, floats = random_spec(seed)
+    tensors = spec.tensors()
+    rng = np.random.default_rng(seed)
+    x = _plan_inputs(rng, 20_000, spec)
+    plan = simmlp._plan_for(spec.input_type, spec.layers, tensors)
+    y = plan.run(x)
+    assert y is not None
+    model = build_model(spec, tmp_path, float_weights=floats)
+    model.compile()
+    want = np.asarray(model.predict(np.ascontiguousarray(x))).reshape(len(x), -1)
+    assert np.array_equal(y, want), f"{int((y != want).sum())} mismatches"
+    for i in range(0, 20_000, 997):  # batch 1
+        assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x[i : i + 1]), want[i : i + 1])
