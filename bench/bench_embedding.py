@@ -6,15 +6,18 @@ of ``--rows`` x ``--dim``) it times, in one process on the same CPU:
 - ``torch``: ``torch.nn.EmbeddingBag`` in float32 (the baseline of every ratio);
 - ``sim-op``: ``offload.nn.EmbeddingBag`` on the sim device (torch op -> device -> reference);
 - ``sim-ref``: the raw reference function ``get_kind("embedding").reference`` on NumPy arrays;
-- ``gather``: ``np.take(table_raw, indices, axis=0)``, the same bytes the format stores (memory ceiling);
+- ``gather``: ``np.take(table_raw, indices, axis=0)``, the same bytes the format stores, into a fresh
+  array as the reference's own gather does (page faults included: the ceiling for the reference);
+- ``gather-buf``: the same ``np.take`` into a reused buffer (no allocation: the memory ceiling of any
+  NumPy code that materialises the gathered rows);
 
 and prints lookups/s, effective bytes/s (lookups x dim x stored bytes per element) and the
 ratio to torch. Then the per-call dispatch overhead of the op registration: ``torch.library``
 Library+impl (what offload uses) against ``torch.library.custom_op`` and a direct Python call.
 
-Usage::
+Usage (OPENBLAS_NUM_THREADS=1: the simulator's float BLAS sums on one thread, like torch's)::
 
-    .venv/bin/python bench/bench_embedding.py [--rows 100000] [--dim 64] [--fmt ap_fixed<16,6,AP_RND_CONV,AP_SAT>]
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_embedding.py --threads 1 [--rows 100000] [--dim 64] [--fmt ...]
 """
 
 from __future__ import annotations
@@ -71,8 +74,12 @@ def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, seed: int = 0
             t_op = _best(lambda: m(idx, off))
             t_ref = _best(lambda: kind.reference(kernel.spec, kernel.tensors, inputs))
             t_gather = _best(lambda: np.take(table, idx_np, axis=0))
+            buf = np.empty((idx_np.shape[0], dim), dtype=table.dtype)
+            # mode="clip": with the default "raise" np.take copies into a temporary before `out`.
+            t_gbuf = _best(lambda: np.take(table, idx_np, axis=0, out=buf, mode="clip"))
             n = int(off_np[-1])
-            for name, t, eb in (("torch", t_torch, 4), ("sim-op", t_op, elem_bytes), ("sim-ref", t_ref, elem_bytes), ("gather", t_gather, elem_bytes)):
+            for name, t, eb in (("torch", t_torch, 4), ("sim-op", t_op, elem_bytes), ("sim-ref", t_ref, elem_bytes),
+                                ("gather", t_gather, elem_bytes), ("gather-buf", t_gbuf, elem_bytes)):
                 out.append({"batch": B, "bag": f"0..{2 * L}" if ragged else L, "impl": name, "lookups_s": n / t,
                             "bytes_s": n * dim * eb / t, "vs_torch": t_torch / t, "vs_gather": t_gather / t})
     return out
