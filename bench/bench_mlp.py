@@ -3,8 +3,10 @@
 One model (32-64-32-1: Linear, ReLU, Linear, ReLU, Linear, Sigmoid), one process, the same rows
 for every contender. Reports rows per second of ``MLP.simulate`` (the sim device's reference),
 of hls4ml's ``predict`` on the compiled project of the same types, and of the float torch model,
-as ratios; plus the simulator's batch-1 latency. Also checks the simulator equals hls4ml on
-every row (a benchmark of a wrong simulator is worthless).
+as ratios; plus the simulator's batch-1 and batch-8 latency. "general path" is the simulator
+without its compiled per-call plan (``forward`` layer by layer, what ``simulate`` ran before the
+plan existed), measured in the same process. Also checks the simulator equals hls4ml on every row
+(a benchmark of a wrong simulator is worthless).
 
 Run::
 
@@ -22,6 +24,8 @@ import numpy as np
 import torch
 
 import offload
+from offload.sim.fixed import FixedType
+from offload.sim.mlp import forward
 
 
 def _model(seed: int = 0) -> torch.nn.Sequential:
@@ -61,22 +65,36 @@ def main() -> None:
         y_sim = mlp.simulate(x)
         mismatches = int((y_hls != y_sim).sum())
         r_hls = _rate(lambda: h.predict(x), args.rows, args.repeats)
+    spec, tensors = mlp.spec, mlp._tensors
+    out_t = FixedType.parse(spec.output_type)
+
+    def general(rows):
+        return out_t.to_float(forward(spec.input_type, spec.layers, tensors, rows))
+
+    assert np.array_equal(general(x), y_sim)
     r_sim = _rate(lambda: mlp.simulate(x), args.rows, args.repeats)
+    r_gen = _rate(lambda: general(x), args.rows, args.repeats)
     xt = torch.from_numpy(x).float()
     with torch.no_grad():
         r_torch = _rate(lambda: seq(xt), args.rows, args.repeats)
-    one = x[:1]
-    lat = []
-    for _ in range(300):
-        t0 = time.perf_counter()
-        mlp.simulate(one)
-        lat.append(time.perf_counter() - t0)
+
+    def latency(fn, rows):
+        lat = []
+        for _ in range(600):
+            t0 = time.perf_counter()
+            fn(rows)
+            lat.append(time.perf_counter() - t0)
+        return statistics.median(lat) * 1e6, float(np.percentile(lat, 99)) * 1e6
+
     print(f"model 32-64-32-1, precision={args.precision}, rows={args.rows}, hls4ml compile {compile_s:.1f} s")
     print(f"mismatches simulate vs hls4ml predict: {mismatches}")
-    print(f"simulator       : {r_sim:12.0f} rows/s")
+    print(f"simulator       : {r_sim:12.0f} rows/s   (general path {r_gen:.0f} rows/s, {r_sim / r_gen:.2f}x)")
     print(f"hls4ml predict  : {r_hls:12.0f} rows/s   simulator / hls4ml = {r_sim / r_hls:.1f}x")
     print(f"torch float     : {r_torch:12.0f} rows/s   simulator / torch  = {r_sim / r_torch:.3f}x")
-    print(f"simulator batch-1 latency: median {statistics.median(lat) * 1e6:.0f} us, p99 {np.percentile(lat, 99) * 1e6:.0f} us")
+    for b in (1, 8):
+        rows = x[:b]
+        (m, p), (gm, gp) = latency(mlp.simulate, rows), latency(general, rows)
+        print(f"simulator batch-{b} latency: median {m:.0f} us, p99 {p:.0f} us;  general path {gm:.0f} / {gp:.0f} us ({gm / m:.1f}x)")
 
 
 if __name__ == "__main__":

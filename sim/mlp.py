@@ -363,6 +363,10 @@ def forward(
 _EXACT = 1 << 51  # raw magnitudes (and partial sums) below this are exact in float64 arithmetic
 _TABLE_PAD_MAX = 1 << 16  # widest padded lookup table (indices out of range map to the clamps)
 _PLAN_CACHE_SIZE = 64
+# Batches up to this many rows take the plan. Larger ones take forward(), whose float32 GEMMs
+# (when the batch's own bound allows) and int32 cache-blocked product passes win once the
+# per-call overhead no longer dominates (bench/bench_mlp.py; crossover measured at 256-4096 rows).
+_PLAN_MAX_ROWS = 128
 
 
 def _ceil_shift(v: int, s: int) -> int:
@@ -770,10 +774,17 @@ def _plan_for(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str,
 def simulate(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """Float64 outputs [B, n_out], bit for bit what hls4ml's C-simulation ``predict`` returns.
 
-    Runs the compiled plan of ``(layers, tensors)`` (built at the first call, reused while the
-    same tuple and arrays are passed) when the rows allow it, else :func:`forward`.
+    Small batches run the compiled plan of ``(layers, tensors)`` (built at the first call, reused
+    while the same tuple and arrays are passed) when the rows allow it; the rest run :func:`forward`.
     """
-    if _FAST_DENSE and isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[0] and layers and x.shape[1] == layers[0].n_in:
+    if (
+        _FAST_DENSE
+        and isinstance(x, np.ndarray)
+        and x.ndim == 2
+        and 0 < x.shape[0] <= _PLAN_MAX_ROWS
+        and layers
+        and x.shape[1] == layers[0].n_in
+    ):
         plan = _plan_for(input_type, layers, tensors)
         if plan is not None:
             y = plan.run(x if x.dtype == np.float64 else x.astype(np.float64))

@@ -25,6 +25,16 @@ def _general(spec, tensors, x, monkeypatch) -> np.ndarray:
         return simmlp.simulate(spec.input_type, spec.layers, tensors, x)
 
 
+def _planned(spec, tensors, x, monkeypatch) -> np.ndarray:
+    """simulate() with forward() made to fail: the call must take the plan."""
+    def no_forward(*a, **k):
+        raise AssertionError("simulate() took the general path")
+
+    with monkeypatch.context() as m:
+        m.setattr(simmlp, "forward", no_forward)
+        return simmlp.simulate(spec.input_type, spec.layers, tensors, x)
+
+
 def _plan_inputs(rng, rows: int, spec) -> np.ndarray:
     """Adversarial rows (ties, type edges, far outside), with the +-1e300 ones brought down to
     +-1e6 so the batch stays on the plan (larger values take the bit-level quantization)."""
@@ -52,7 +62,7 @@ def test_plan_equals_general_path_on_random_specs(narrow, monkeypatch):
         assert len(bad) == 0, f"seed {seed}: {len(bad)} mismatches, first {bad[:3].tolist()}"
         # Batch 1, row by row, through the public entry point (the plan is cached by then).
         for i in range(0, 800, 37):
-            assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x[i : i + 1]), want[i : i + 1]), (seed, i)
+            assert np.array_equal(_planned(spec, tensors, x[i : i + 1], monkeypatch), want[i : i + 1]), (seed, i)
     # The cases reach the plan's float GEMM, table, and (narrow) per-product wrap and int64 steps.
     assert kinds["gemm"] and kinds["lookup"]
     if narrow:
@@ -80,23 +90,23 @@ def test_plan_follows_changed_weights(monkeypatch):
         spec, _ = random_spec(seed, narrow=False)
         tensors = spec.tensors()  # writable arrays: compared with the plan's snapshot every call
         rng = np.random.default_rng(seed)
-        x = _plan_inputs(rng, 300, spec)
-        before = simmlp.simulate(spec.input_type, spec.layers, tensors, x)
+        x = _plan_inputs(rng, simmlp._PLAN_MAX_ROWS, spec)
+        before = _planned(spec, tensors, x, monkeypatch)
         if np.unique(before).size > 20:
             break
     name = [k for k in tensors if k.endswith(".weight")][-1]
     wt = FixedType.parse(spec.tensor_types()[name])
     tensors[name][...] = rng.integers(wt.min_raw, wt.max_raw, size=tensors[name].shape, endpoint=True)  # in place
-    after = simmlp.simulate(spec.input_type, spec.layers, tensors, x)
+    after = _planned(spec, tensors, x, monkeypatch)
     assert not np.array_equal(before, after)
     assert np.array_equal(after, _general(spec, tensors, x, monkeypatch))
     tensors[name] = np.full_like(tensors[name], wt.min_raw)  # a new array under the same name
-    assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x), _general(spec, tensors, x, monkeypatch))
+    assert np.array_equal(_planned(spec, tensors, x, monkeypatch), _general(spec, tensors, x, monkeypatch))
     # Read-only arrays that own their memory (the sim device's resident copies) are kept by identity.
     frozen = {k: np.array(v, copy=True) for k, v in spec.tensors().items()}
     for v in frozen.values():
         v.setflags(write=False)
-    assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, frozen, x), before)
+    assert np.array_equal(_planned(spec, frozen, x, monkeypatch), before)
     assert simmlp._plan_for(spec.input_type, spec.layers, frozen).arrays[0][2] is None
 
 
