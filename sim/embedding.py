@@ -176,7 +176,10 @@ def pool_bags(
         # and a plain int64 sum is exact, in any order.
         # int32 partial sums suffice when no bag can reach 2^31 (e.g. 16-bit values, bags <= 2^15).
         small = max_bag_size * max(-vlo, vhi, 1) < 2**31 if exact_terms else False
-        src_max = max(-vlo, vhi) if exact_terms else max(-alo, ahi)  # bound on |src| (before the shift)
+        # Bound on |src| (before the shift) for the exact float sums. Like the overflow proof and the
+        # int32 choice above, it relies on raw values lying in their type's range (make_kernel's
+        # quantization guarantees it for tables; validate() for weights; acc_t.cast for the rest).
+        src_max = max(-vlo, vhi) if exact_terms else max(-alo, ahi)
         s = _segment_reduce(src, starts, counts, np.sum, np.int32 if small else np.int64, src_max)
         if shift:
             s <<= shift
