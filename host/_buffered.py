@@ -20,7 +20,7 @@ import numpy as np
 
 from offload.hls.registry import HlsKind, KernelArg, get_hls_kind
 from offload.host.device import DeviceError, DeviceInfo, DeviceTimeout, KernelHandle
-from offload.kernels.registry import Kernel, get_kind
+from offload.kernels.registry import Kernel, get_kind, resident_copy
 
 __all__ = ["BufferedDevice", "Loaded", "host_array", "scalar_value"]
 
@@ -94,11 +94,8 @@ class BufferedDevice:
     def load(self, kernel: Kernel) -> KernelHandle:
         """Upload ``kernel``'s resident tensors once; the returned handle runs it."""
         self._check_open()
-        get_kind(kernel.kind)  # unknown kinds fail here, not at the first run
+        frozen = resident_copy(kernel)
         hk = get_hls_kind(kernel.kind)
-        frozen = Kernel(kernel.name, kernel.spec, {k: np.array(v, copy=True) for k, v in kernel.tensors.items()})
-        for v in frozen.tensors.values():
-            v.setflags(write=False)
         args = tuple(hk.top_args(frozen.spec))
         loaded = Loaded(frozen, hk, hk.top_name(frozen.spec), args)
         packed = hk.pack_resident(frozen.spec, frozen.tensors)

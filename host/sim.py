@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from offload.host.device import DeviceError, DeviceInfo, KernelHandle, register_device
-from offload.kernels.registry import Kernel, get_kind
+from offload.kernels.registry import Kernel, get_kind, resident_copy
 
 __all__ = ["SimDevice"]
 
@@ -32,11 +32,7 @@ class SimDevice:
         self._closed = False
 
     def load(self, kernel: Kernel) -> KernelHandle:
-        get_kind(kernel.kind)  # unknown kinds fail at load, not at first run
-        # Resident copies: later changes to the caller's arrays must not reach the "device".
-        frozen = Kernel(kernel.name, kernel.spec, {k: np.array(v, copy=True) for k, v in kernel.tensors.items()})
-        for v in frozen.tensors.values():
-            v.setflags(write=False)
+        frozen = resident_copy(kernel)
         with self._lock:
             self._check_open()
             self._kernels.append(frozen)

@@ -400,6 +400,44 @@ def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Map
             )
 
 
+def check_tensors(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> None:
+    """Refuse resident tensors that do not fit ``spec`` (checked once, when a device loads them).
+
+    Every table ``table{t}`` must be ``num_rows x dim`` in its storage dtype with raw values inside
+    its format's range; row-wise tables need ``params{t}`` (``num_rows x 2`` raw scale, bias in
+    ``param_type``, scale >= 1). Unknown tensor names are refused too, so a typo cannot hide a table.
+    """
+    expected = set()
+    for t, ts in enumerate(spec.tables):
+        key = f"table{t}"
+        expected.add(key)
+        a = tensors.get(key)
+        if a is None:
+            raise ValueError(f"tensors: missing {key!r} for table {ts.name!r}")
+        if not isinstance(a, np.ndarray) or a.dtype != ts.storage_dtype():
+            raise TypeError(f"tensors[{key!r}]: table {ts.name!r} is stored as {ts.storage_dtype()}, got {getattr(a, 'dtype', type(a).__name__)}")
+        if a.shape != (ts.num_rows, ts.dim):
+            raise ValueError(f"tensors[{key!r}]: table {ts.name!r} must be {ts.num_rows} x {ts.dim}, got shape {a.shape}")
+        if ts.rowwise:
+            pkey = f"params{t}"
+            expected.add(pkey)
+            pt = FixedType.parse(ts.param_type)
+            p = tensors.get(pkey)
+            if p is None:
+                raise ValueError(f"tensors: missing {pkey!r} (row-wise scale and bias) for table {ts.name!r}")
+            if not isinstance(p, np.ndarray) or p.dtype != container_dtype(pt) or p.shape != (ts.num_rows, 2):
+                raise TypeError(f"tensors[{pkey!r}]: expected {ts.num_rows} x 2 {container_dtype(pt)}, got {getattr(p, 'dtype', '?')} {getattr(p, 'shape', '')}")
+            if p.size and (p.min() < pt.min_raw or p.max() > pt.max_raw or p[:, 0].min() < 1):
+                raise ValueError(f"tensors[{pkey!r}]: raw scale/bias outside {pt} (range [{pt.min_raw}, {pt.max_raw}], scale >= 1)")
+        else:
+            ft = FixedType.parse(ts.fmt)
+            if a.size and (a.min() < ft.min_raw or a.max() > ft.max_raw):
+                raise ValueError(f"tensors[{key!r}]: raw values of table {ts.name!r} outside {ft}'s range [{ft.min_raw}, {ft.max_raw}]")
+    extra = sorted(set(tensors) - expected)
+    if extra:
+        raise ValueError(f"tensors: unexpected {extra} for an embedding kernel of {spec.num_tables} table(s)")
+
+
 # ------------------------------------------------------------------------------------- reference
 
 
@@ -434,4 +472,4 @@ def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Ma
     return {"out": out}
 
 
-KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference))
+KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors))

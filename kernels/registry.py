@@ -22,7 +22,7 @@ import numpy as np
 
 Arrays = Mapping[str, np.ndarray]
 
-__all__ = ["Kernel", "KernelKind", "register_kind", "get_kind", "kinds"]
+__all__ = ["Kernel", "KernelKind", "register_kind", "get_kind", "kinds", "resident_copy"]
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,17 @@ class KernelKind:
     - ``spec_from_json(d)`` rebuilds the spec dataclass (which has ``kind`` and ``to_json()``).
     - ``validate(spec, tensors, inputs)`` raises a typed error naming the field and the limit.
     - ``reference(spec, tensors, inputs)`` returns the exact outputs (validated inputs assumed).
+    - ``check_tensors(spec, tensors)`` (optional) refuses resident tensors that do not fit the spec
+      (names, shapes, container dtypes, raw values inside their type's range): the reference and
+      the C++ read raw bits differently once a value is outside its type, so such a kernel would
+      silently disagree between devices.
     """
 
     name: str
     spec_from_json: Callable[[dict], Any]
     validate: Callable[[Any, Arrays, Arrays], None]
     reference: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]]
+    check_tensors: Callable[[Any, Arrays], None] | None = None
 
 
 @dataclass
@@ -95,3 +100,18 @@ def kinds() -> list[str]:
     """Names of all registered kernel kinds."""
     _load_builtin()
     return sorted(_KINDS)
+
+
+def resident_copy(kernel: Kernel) -> Kernel:
+    """The checked, read-only copy of ``kernel`` that a device keeps resident.
+
+    Unknown kinds and tensors that do not fit the spec fail here, at load, not at the first run;
+    later changes to the caller's arrays never reach the device's copy.
+    """
+    kind = get_kind(kernel.kind)
+    if kind.check_tensors is not None:
+        kind.check_tensors(kernel.spec, kernel.tensors)
+    frozen = Kernel(kernel.name, kernel.spec, {k: np.array(v, copy=True) for k, v in kernel.tensors.items()})
+    for v in frozen.tensors.values():
+        v.setflags(write=False)
+    return frozen

@@ -154,3 +154,26 @@ def test_max_norm_refused_by_every_module(which):
         offload.nn.EmbeddingBag.from_float(renorm)
     with pytest.raises(ValueError, match="max_norm"):
         offload.nn.Embedding.from_float(torch.nn.Embedding(10, 4, max_norm=1.0))
+
+
+@pytest.mark.parametrize("device", ["sim", "emu"])
+def test_resident_tables_outside_their_format_are_refused_at_load(device):
+    # ap_fixed<12,4> lives in an int16 container: a raw 3000 fits the container but not the type,
+    # and the reference (int64 arithmetic) and the C++ (12-bit ap_fixed) would read it differently.
+    spec = make_spec([TableSpec("t", 8, 4, "ap_fixed<12,4>")], mode="sum", max_bag_size=4)
+    good = make_kernel("k", spec, [np.zeros((8, 4))])
+    dev = open_device(device)
+    dev.load(good)  # the well-formed kernel loads
+    for mutate, err, msg in [
+        (lambda t: t.__setitem__("table0", np.full((8, 4), 3000, dtype=np.int16)), ValueError, r"outside ap_fixed<12,4>'s range \[-2048, 2047\]"),
+        (lambda t: t.__setitem__("table0", np.zeros((8, 4), dtype=np.int32)), TypeError, "stored as int16"),
+        (lambda t: t.__setitem__("table0", np.zeros((7, 4), dtype=np.int16)), ValueError, "must be 8 x 4"),
+        (lambda t: t.pop("table0"), ValueError, "missing 'table0'"),
+        (lambda t: t.__setitem__("table1", np.zeros((8, 4), dtype=np.int16)), ValueError, "unexpected"),
+    ]:
+        tensors = dict(good.tensors)
+        mutate(tensors)
+        bad = type(good)("k", spec, tensors)
+        with pytest.raises(err, match=msg):
+            dev.load(bad)
+    dev.close()
