@@ -28,21 +28,11 @@ from offload.hls.ctop import load_top
 from offload.hls.registry import get_hls_kind
 from offload.host import open_device
 from offload.kernels.embedding import TableSpec, make_kernel, make_spec
+from _timing import best_seconds  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def _best(fn, min_time=0.3, repeats=3) -> float:
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
-    n = max(1, int(min_time / one))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n)
-    return best
+    return best_seconds(fn, min_time=min_time, repeats=repeats)
 
 
 def main() -> None:

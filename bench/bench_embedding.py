@@ -31,22 +31,10 @@ import torch
 import offload
 from offload.kernels import get_kind
 from offload.kernels.embedding import ROWWISE
+from _timing import best_seconds  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
-def _best(fn, min_time=0.2, repeats=5) -> float:
-    """Best seconds per call over ``repeats`` runs of enough calls to last ``min_time``."""
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
-    n = max(1, int(min_time / one))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n)
-    return best
+_best = best_seconds
 
 
 def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, seed: int = 0, ragged: bool = False) -> list[dict]:
