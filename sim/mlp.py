@@ -373,6 +373,12 @@ def _ceil_shift(v: int, s: int) -> int:
     return -((-v) >> s)
 
 
+def _scales_ok(*types: FixedType) -> bool:
+    """Fraction bits small enough that every power-of-two scaling between these types keeps
+    values of magnitude >= 1 (and < 2**102) normal doubles: no underflow, no overflow."""
+    return all(-400 < t.F < 400 for t in types)
+
+
 def _fround(mode: str, s: int):
     """In-place rounding of exact ``v * 2**-s`` (|v| < _EXACT, s >= 1) to an integer with ``mode``."""
     scale = 2.0**-s
@@ -433,8 +439,8 @@ def _ffit(t: FixedType, lo: int, hi: int):
 
 def _chain(*steps):
     steps = [s for s in steps if s is not None]
-    if len(steps) == 1:
-        return steps[0]
+    if len(steps) <= 1:
+        return steps[0] if steps else None
 
     def run(v):
         for s in steps:
@@ -447,7 +453,7 @@ def _chain(*steps):
 def _fcast(t: FixedType, src: FixedType, lo: int, hi: int):
     """(in-place step or None, lo, hi) for ``_cast(t, v, src)`` on integer-valued float64 ``v`` in
     [lo, hi]; False where the float path does not apply (then use the int64 step)."""
-    if t.is_int or src.is_int or t.width > 50 or not -900 < t.F < 900 or not -900 < src.F < 900:
+    if t.is_int or src.is_int or t.width > 50 or not _scales_ok(t, src):
         return False
     s = src.F - t.F
     if s > 0:
@@ -482,10 +488,10 @@ def _plan_dense(layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors: Mappi
     else:
         acc0 = np.zeros(layer.n_out, dtype=np.int64)
     types = (wt, at, rt, xt) + ((_ftype(layer.bias),) if layer.use_bias else ())
-    if any(t.is_int for t in types) or at.width > 62 or not w.size:
+    if any(t.is_int for t in types) or at.width > 62 or not w.size or not _scales_ok(*types, mul_type(xt, wt)):
         return general
     wabs = int(np.abs(w).max())
-    if wabs >= _EXACT:
+    if wabs * layer.n_in >= _EXACT:  # also keeps the int64 column sums below from overflowing
         return general
     pt = mul_type(xt, wt)
     shift = at.F - pt.F
@@ -497,7 +503,7 @@ def _plan_dense(layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors: Mappi
         # exact GEMM. The cast into result_t's grid is folded into the weights and the bias.
         m = (sums << shift) + bias_abs
         s = at.F - rt.F
-        if rt.is_int or rt.width > 50 or not -900 < s < 900:
+        if rt.width > 50:
             return general
         wf = np.ldexp(w.astype(np.float64), shift - s)
         if s > 0 and rt.rounding in ("AP_TRN", "AP_TRN_ZERO", "AP_RND_CONV") or (rt.rounding == "AP_RND" and 0 < s <= 52):
@@ -571,7 +577,7 @@ def _plan_batchnorm(layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors):
     general = _int_step(lambda v: _batchnorm(v, xt, layer, tensors), rt)
     scale = np.asarray(tensors[f"{layer.name}.scale"], dtype=np.int64)
     bias = np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64)
-    if any(t.is_int for t in (xt, st, bt)) or not scale.size:
+    if any(t.is_int for t in (xt, st, bt)) or not scale.size or not _scales_ok(xt, st, bt):
         return general
     pt = mul_type(xt, st)
     sumt = add_type(pt, bt)
@@ -633,7 +639,7 @@ def _plan_activation(layer: MlpLayer, xt: FixedType, lo: int, hi: int, out_scale
     # sigmoid / tanh: index = int(x * N / span) + N / 2, clamped; the value is table[index] cast.
     n, span, f = int(layer.table_size), _TABLE_SPAN[layer.op], xt.F
     tt = _ftype(layer.table)
-    if rt.is_int or tt.is_int or max(-lo, hi) * n >= _EXACT or not -900 < f < 900:
+    if rt.is_int or tt.is_int or max(-lo, hi) * n >= _EXACT or not _scales_ok(xt, rt):
         return general
     table = _cast(rt, activation_table(layer.op, n, layer.table).astype(np.int64), tt)
     tlo, thi = int(table.min()), int(table.max())
@@ -709,7 +715,7 @@ class _Plan:
 
 def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> _Plan | None:
     t = _ftype(input_type)
-    if t.is_int or t.width > 50 or not 0 <= t.F <= 900 or any(layer.op not in OPS for layer in layers):
+    if t.is_int or t.width > 50 or not 0 <= t.F < 400 or any(layer.op not in OPS for layer in layers):
         return None
     if any(_ftype(layer.result).width > 50 for layer in layers):
         return None
@@ -732,9 +738,9 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
     p.in_fit, lo, hi = _ffit(t, -(1 << 50), 1 << 50)
     p.steps = []
     last = _ftype(layers[-1].result if layers else input_type)
-    p.out_scale = 2.0**-last.F if -900 < last.F < 900 else None
-    if p.out_scale is None:
+    if not _scales_ok(last):
         return None
+    p.out_scale = 2.0**-last.F
     for i, layer in enumerate(layers):
         is_last = i == len(layers) - 1
         if layer.op == "dense":

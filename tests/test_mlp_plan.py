@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 import offload.sim.mlp as simmlp
-from mlp_cases import adversarial_inputs, random_spec
+from mlp_cases import OVERFLOW, ROUNDING, adversarial_inputs, random_spec
+from offload.kernels.mlp import MlpSpec
 from offload.sim.fixed import FixedType
+from offload.sim.mlp import MlpLayer
 
 
 def _general(spec, tensors, x, monkeypatch) -> np.ndarray:
@@ -130,3 +132,51 @@ def test_plan_matches_hls4ml_directly(seed, tmp_path):
     assert np.array_equal(y, want), f"{int((y != want).sum())} mismatches"
     for i in range(0, 20_000, 997):  # batch 1
         assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x[i : i + 1]), want[i : i + 1])
+
+
+def _edge_type(rng, wmax: int) -> str:
+    """Types at the plan's limits: widths up to ``wmax``, I beyond W or negative, N saturation bits,
+    every rounding and overflow mode."""
+    w = int(rng.integers(2, wmax + 1))
+    i = int(rng.integers(-6, w + 7))
+    q, o = str(rng.choice(ROUNDING)), str(rng.choice(OVERFLOW))
+    n = int(rng.integers(1, w + 1)) if o == "AP_WRAP" and rng.random() < 0.3 else 0
+    return str(FixedType(w, i, bool(rng.random() < 0.8), q, o, n))
+
+
+def test_plan_equals_general_path_at_type_edges(monkeypatch):
+    """Wide accumulators and results (the plan's float limits), I > W and I < 0, AP_WRAP with N,
+    tables of any size over inputs with F <= 0: each case either runs exactly or falls back."""
+    rng = np.random.default_rng(99)
+    done = 0
+    kinds = collections.Counter()
+    for trial in range(400):
+        nf, hid = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        layers = [
+            MlpLayer("fc0", "dense", nf, hid, _edge_type(rng, 54), weight=_edge_type(rng, 20),
+                     bias=_edge_type(rng, 20), accum=_edge_type(rng, 62)),
+            MlpLayer("act1", str(rng.choice(["relu", "leaky_relu", "sigmoid", "tanh"])), hid, hid, _edge_type(rng, 30),
+                     param=_edge_type(rng, 12), alpha=float(rng.choice([0.01, 0.3, -0.5])),
+                     table=_edge_type(rng, 18), table_size=int(rng.integers(2, 3000))),
+            MlpLayer("fc2", "dense", hid, 1, _edge_type(rng, 40), weight=_edge_type(rng, 16), accum=_edge_type(rng, 50), use_bias=False),
+        ]
+        consts = {}
+        for layer in layers:
+            for role, shape in (("weight", (layer.n_in, layer.n_out)), ("bias", (layer.n_out,))):
+                if layer.op == "dense" and (role == "weight" or layer.use_bias):
+                    t = FixedType.parse(getattr(layer, role))
+                    consts[f"{layer.name}.{role}"] = rng.integers(t.min_raw, t.max_raw, size=shape, endpoint=True)
+        try:
+            spec = MlpSpec(nf, _edge_type(rng, 40), tuple(layers), consts)
+        except ValueError:
+            continue  # a product or table index wider than the spec allows
+        tensors = spec.tensors()
+        x = _plan_inputs(rng, 64, spec)
+        plan = simmlp._plan_for(spec.input_type, spec.layers, tensors)
+        y = None if plan is None else plan.run(x)
+        if y is None:
+            continue
+        done += 1
+        kinds.update(getattr(s, "__name__", "") for s in plan.steps)
+        assert np.array_equal(y, _general(spec, tensors, x, monkeypatch)), (trial, spec.input_type, spec.layers)
+    assert done >= 100 and all(kinds[k] for k in ("gemm", "wrapsum", "lookup", "leaky", "step"))
