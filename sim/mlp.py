@@ -367,6 +367,9 @@ _PLAN_CACHE_SIZE = 64
 # (when the batch's own bound allows) and int32 cache-blocked product passes win once the
 # per-call overhead no longer dominates (bench/bench_mlp.py; crossover measured at 256-4096 rows).
 _PLAN_MAX_ROWS = 128
+# Models with more resident values than this get no plan: a plan holds float64 copies of the
+# weights (and a snapshot of writable ones), and their batch-1 GEMMs outweigh the overhead anyway.
+_PLAN_MAX_VALUES = 1 << 20
 
 
 def _ceil_shift(v: int, s: int) -> int:
@@ -721,6 +724,8 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
         return None
     p = _Plan()
     p.input_type, p.layers, p.tensors = input_type, layers, tensors
+    if sum(int(np.size(tensors[n])) for n in tensors) > _PLAN_MAX_VALUES:
+        return None
     p.arrays = []
     for name in sorted(n for layer in layers for n in (f"{layer.name}.weight", f"{layer.name}.bias", f"{layer.name}.scale") if n in tensors):
         a = tensors[name]
