@@ -27,7 +27,7 @@ from offload.kernels.registry import KernelKind, register_kind
 from offload.sim.fixed import FixedType, mul_type
 from offload.sim.mlp import OPS, MlpLayer, simulate
 
-__all__ = ["MlpSpec", "MlpLayer", "validate", "reference", "KIND", "MAX_FEATURES", "MAX_BATCH"]
+__all__ = ["MlpSpec", "MlpLayer", "validate", "reference", "check_tensors", "KIND", "MAX_FEATURES", "MAX_BATCH"]
 
 MAX_FEATURES = 4096
 MAX_BATCH = 1 << 22
@@ -248,10 +248,27 @@ def validate(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[s
             raise TypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
 
 
+def check_tensors(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> None:
+    """Refuse resident tensors that differ from the spec's constants (checked once, at load).
+
+    hls4ml compiles the weights into the firmware from ``spec.constants`` while the reference reads
+    ``tensors``: if the two differed, sim and the C++ devices would silently disagree.
+    """
+    want = spec.tensors()
+    if set(tensors) != set(want):
+        raise ValueError(f"mlp resident tensors must be exactly {sorted(want)}, got {sorted(tensors)}")
+    for name, w in want.items():
+        a = np.asarray(tensors[name])
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
+        if a.shape != w.shape or not np.array_equal(a, w):
+            raise ValueError(f"mlp resident tensor {name!r} differs from the spec's constants (the weights compiled into the kernel)")
+
+
 def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``{"y": float64 [B, n_out]}``: the exact fixed-point outputs (validated inputs assumed)."""
     x = np.asarray(inputs["x"], dtype=np.float64)
     return {"y": simulate(spec.input_type, spec.layers, tensors, x)}
 
 
-KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference))
+KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors))

@@ -118,3 +118,22 @@ def test_spec_validation_names_the_field():
     d["constants"][first] = d["constants"][first][:-1]
     with pytest.raises(ValueError, match=first):
         MlpSpec.from_json(d)
+
+
+@pytest.mark.parametrize("device", ["sim", "emu"])
+def test_resident_weights_must_equal_the_compiled_constants(case, device):
+    # The C++ kernel has the spec's constants compiled in; the reference reads the tensors. A kernel
+    # whose tensors differ would give different answers per device, so load refuses it.
+    dev = open_device(device)
+    good = case.tensors()
+    dev.load(Kernel("m", case, good))
+    name = sorted(good)[0]
+    changed = {k: v.copy() for k, v in good.items()}
+    changed[name].flat[0] += 1
+    with pytest.raises(ValueError, match=f"{name!r} differs from the spec's constants"):
+        dev.load(Kernel("m", case, changed))
+    with pytest.raises(ValueError, match="must be exactly"):
+        dev.load(Kernel("m", case, {k: v for k, v in good.items() if k != name}))
+    with pytest.raises(TypeError, match="raw integers"):
+        dev.load(Kernel("m", case, {**good, name: good[name].astype(np.float64)}))
+    dev.close()
