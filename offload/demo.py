@@ -72,7 +72,7 @@ def section_mlp(console: Console) -> bool:
     xtr, ytr, xte, yte = x[:10000], y[:10000], x[10000:], y[10000:]
     model = train_float_model(xtr, ytr, epochs=10)
     mlp = offload.nn.MLP.from_float(model, calib=xtr[:2000], precision="auto")
-    console.print(mlp.report._table())
+    mlp.report.print(console)
     with torch.no_grad():
         s_float = model(torch.from_numpy(xte)).numpy().ravel()
     s_sim = mlp.simulate(xte.astype(np.float64))

@@ -77,10 +77,11 @@ class QuantReport:
         Console(file=buf, width=200, force_terminal=False).print(self._table())
         return buf.getvalue()
 
-    def print(self) -> None:
+    def print(self, console=None) -> None:
+        """Print the report table to ``console`` (a rich Console; a new one on stdout if omitted)."""
         from rich.console import Console
 
-        Console().print(self._table())
+        (console or Console()).print(self._table())
 
     def save_png(self, path: str | Path) -> Path:
         """Bar chart of every layer's cosine similarity and result width (needs matplotlib)."""
