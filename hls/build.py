@@ -42,6 +42,7 @@ import numpy as np
 from offload.hls import csim
 from offload.hls.registry import get_hls_kind
 from offload.kernels.registry import get_kind
+from offload.sim.errors import BuildError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
 __all__ = [
     "Card",
@@ -84,10 +85,6 @@ CARDS: dict[str, Card] = {
 
 TARGETS = ("sw_emu", "hw_emu", "hw")
 XCLBIN = "offload.xclbin"
-
-
-class BuildError(RuntimeError):
-    """A build step failed; the message carries the tool's own error lines and its log file."""
 
 
 @dataclass(frozen=True)

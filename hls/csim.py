@@ -29,6 +29,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from offload.sim.errors import CSimError, ToolchainMissing  # noqa: F401  (re-exported: defined once in the hierarchy)
+
 __all__ = [
     "CSimError",
     "ToolchainMissing",
@@ -42,14 +44,6 @@ __all__ = [
 ]
 
 DEFAULT_FLAGS: tuple[str, ...] = ("-O2", "-std=c++14", "-w")
-
-
-class CSimError(RuntimeError):
-    """A C-simulation build or run failed; the message carries the tool's own error lines."""
-
-
-class ToolchainMissing(CSimError):
-    """g++ or the hls4ml ap_types headers are not available on this machine."""
 
 
 def cache_dir() -> Path:

@@ -21,15 +21,13 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from offload.sim.errors import ReportError  # noqa: F401  (re-exported: defined once in the hierarchy)
+
 __all__ = ["SynthReport", "ReportError", "RESOURCES", "parse_report", "parse_xml", "parse_rpt", "find_report"]
 
 # Canonical resource names; reports spell DSPs "DSP48E" (7-series) or "DSP" (UltraScale+, Vitis).
 RESOURCES: tuple[str, ...] = ("BRAM_18K", "DSP", "FF", "LUT", "URAM")
 _RESOURCE_ALIASES = {"BRAM_18K": "BRAM_18K", "BRAM": "BRAM_18K", "DSP48E": "DSP", "DSP": "DSP", "FF": "FF", "LUT": "LUT", "URAM": "URAM"}
-
-
-class ReportError(ValueError):
-    """A file is not a C-synthesis report this module understands; the message names the file and what is missing."""
 
 
 @dataclass(frozen=True)

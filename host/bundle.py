@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from offload.kernels.registry import Kernel, get_kind
+from offload.sim.errors import BundleError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
 __all__ = ["Bundle", "BundleError", "save", "load", "record_xclbin", "xclbin_uuid", "FORMAT", "VERSION"]
 
@@ -44,10 +45,6 @@ VERSION = 1
 MANIFEST = "manifest.json"
 _XCLBIN_NAME = "offload.xclbin"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-class BundleError(ValueError):
-    """A bundle on disk is missing, malformed, truncated, altered or of an unsupported version."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from offload.kernels.registry import Kernel
+from offload.sim.errors import DeviceError, DeviceTimeout  # noqa: F401  (re-exported: defined once in the hierarchy)
 
 __all__ = [
     "Device",
@@ -27,14 +28,6 @@ __all__ = [
     "default_device",
     "register_device",
 ]
-
-
-class DeviceError(RuntimeError):
-    """A device failed to run a kernel (bad state, lost card, build error)."""
-
-
-class DeviceTimeout(DeviceError):
-    """A kernel run did not finish within its timeout."""
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from offload.kernels.registry import Kernel, get_kind
+from offload.sim.errors import GoldenError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
 __all__ = [
     "Entry",
@@ -80,10 +81,6 @@ class Entry:
     def build(self) -> Case:
         """The kernel and golden inputs, deterministic from ``seed``."""
         return self.builder(self, np.random.default_rng(self.seed))
-
-
-class GoldenError(RuntimeError):
-    """A golden vector file is missing, unreadable or inconsistent with its index."""
 
 
 # ---------------------------------------------------------------- the catalogue

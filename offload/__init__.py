@@ -27,6 +27,9 @@ _LAZY = {
     "advise": "offload.advisor",
 }
 
+# The error hierarchy is torch-free and tiny, so it is imported eagerly: ``except offload.OffloadError``.
+from offload.sim.errors import OffloadError  # noqa: E402
+
 
 def __getattr__(name: str) -> Any:
     mod = _LAZY.get(name)
