@@ -17,7 +17,7 @@ import torch
 
 
 def validate() -> None:
-    from offload._advisor_validate import check_autoencoder, find_fixture
+    from offload.advisor.validate import check_autoencoder, find_fixture
     from offload.hls.reports import parse_report
 
     rpt = find_fixture()

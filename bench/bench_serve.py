@@ -83,7 +83,7 @@ def main() -> None:
     import uvloop
 
     from offload.examples.risk import build_risk_bundle, make_transactions, train_float_model
-    from offload.serve.loadgen import run_load
+    from offload.loadgen.openloop import run_load
 
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))

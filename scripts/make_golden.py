@@ -11,7 +11,7 @@ changed entry is printed with how many values differ.
 
 import sys
 
-from offload._cli_regress import regress
+from offload.cli.regress import regress
 
 if __name__ == "__main__":
     regress.main(["--regenerate", *sys.argv[1:]], prog_name="make_golden.py")

@@ -3,7 +3,7 @@ active offload device, plus a table-batched form (FBGEMM TBE layout) for many sp
 in one device round trip.
 
 Tables are quantized once (``fmt``: ``"ap_fixed<W,I,...>"`` or ``"int8_rowwise"``) and uploaded
-once (:func:`offload._runtime.make_resident`); a call moves only indices, offsets, weights and the
+once (:func:`offload.ops.resident.make_resident`); a call moves only indices, offsets, weights and the
 pooled result. Arithmetic: :mod:`offload.sim.embedding`.
 
 Example::
@@ -24,8 +24,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-import offload._ops_embedding  # noqa: F401  (registers torch.ops.offload.embedding_lookup*)
-from offload._runtime import Resident, make_resident, release_resident
+import offload.ops.embedding  # noqa: F401  (registers torch.ops.offload.embedding_lookup*)
+from offload.ops.resident import Resident, make_resident, release_resident
 from offload.host import Device
 from offload.kernels import Kernel
 from offload.kernels.embedding import (

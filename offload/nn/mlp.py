@@ -25,8 +25,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-import offload._ops_mlp  # noqa: F401  (registers torch.ops.offload.mlp_score)
-from offload._runtime import make_resident, release_resident
+import offload.ops.mlp  # noqa: F401  (registers torch.ops.offload.mlp_score)
+from offload.ops.resident import make_resident, release_resident
 from offload.kernels import Kernel
 from offload.kernels.mlp import MlpSpec, validate
 from offload.quant.drift import check_drift

@@ -124,7 +124,7 @@ def test_cli_serve_triton_client_and_sigterm_drain(cli_bundle):
 def test_demo_section_runs_end_to_end():
     from rich.console import Console
 
-    from offload.serve.demo import serve_demo_section
+    from offload.demo.serve import serve_demo_section
 
     console = Console(record=True, width=120)
     assert serve_demo_section(console, rate=100, duration=1)

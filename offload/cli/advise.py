@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from offload._cards import CARDS
+from offload.hls.cards import CARDS
 
 
 def _builtin(name: str) -> tuple[Any, tuple]:

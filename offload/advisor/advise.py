@@ -3,8 +3,8 @@
 For every offload candidate (found as ``offload.offload`` finds them) and every batch size: the
 measured latency on the candidate's current device (torch, median of repeats, inputs resampled from
 what the candidate saw on ``example_inputs``), the predicted card latency (PCIe transfers + XRT
-launch + an analytical kernel model, :mod:`offload._advisor_model`) and the predicted resources
-against the card's budget (:mod:`offload._cards`, datasheet numbers). Verdict: ``offload`` when it
+launch + an analytical kernel model, :mod:`offload.advisor.model`) and the predicted resources
+against the card's budget (:mod:`offload.hls.cards`, datasheet numbers). Verdict: ``offload`` when it
 fits and the card is faster, else ``keep``, with the numbers.
 
 Example::
@@ -27,9 +27,9 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from offload._advisor_model import Prediction, predict_lookup, predict_mlp
-from offload._cards import Card, get_card
-from offload._partition_find import EMB_BAG_PARAMS, OPS, Candidate, find_candidates, trace
+from offload.advisor.model import Prediction, predict_lookup, predict_mlp
+from offload.hls.cards import Card, get_card
+from offload.partition.find import EMB_BAG_PARAMS, OPS, Candidate, find_candidates, trace
 
 __all__ = ["advise", "Advice", "Estimate"]
 

@@ -26,8 +26,8 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from offload._cards import Card, get_card
-from offload._partition_build import (
+from offload.hls.cards import Card, get_card
+from offload.partition.build import (
     BUILD_ERRORS,
     BatchedBags,
     FloatBags,
@@ -38,8 +38,8 @@ from offload._partition_build import (
     multi_class,
     table_bytes,
 )
-from offload._partition_compare import Comparison, compare
-from offload._partition_find import OPS, Candidate, find_candidates, functional_args, trace
+from offload.partition.compare import Comparison, compare
+from offload.partition.find import OPS, Candidate, find_candidates, functional_args, trace
 
 __all__ = ["offload", "compare", "OffloadReport", "Decision", "Comparison"]
 

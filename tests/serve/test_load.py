@@ -13,7 +13,7 @@ import _serve_standin as standin
 from _serve_live import live
 from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
-from offload.serve.loadgen import run_load
+from offload.loadgen.openloop import run_load
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 ``torch.ops.offload.embedding_lookup(rid, indices, offsets, per_sample_weights, dtype)`` runs a
 one-table kernel, ``torch.ops.offload.embedding_lookup_tbe(...)`` a table-batched one (T tables,
 ``offsets`` of length ``T*B+1``, result ``B x sum(dims)``). ``rid`` is the resident kernel id from
-:func:`offload._runtime.make_resident`; the kernel's spec fixes mode, formats and padding.
+:func:`offload.ops.resident.make_resident`; the kernel's spec fixes mode, formats and padding.
 
 Registered with ``torch.library.Library`` + ``impl`` (CompositeExplicitAutograd, so indices on
 any device dispatch here) and ``register_fake``: measured cheaper per call than
@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from offload._runtime import get_resident
+from offload.ops.resident import get_resident
 
 __all__ = ["lookup_numpy"]
 

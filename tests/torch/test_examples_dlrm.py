@@ -85,7 +85,7 @@ def test_full_size_tables_offload_within_bounds():
 def test_demo_section_passes_its_own_checks():
     from rich.console import Console
 
-    from offload._demo_partition import partition_demo_section
+    from offload.demo.partition import partition_demo_section
 
     console = Console(record=True, width=300)
     assert partition_demo_section(console, full=False) is True

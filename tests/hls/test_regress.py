@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from offload._cli_regress import regress as regress_cmd
+from offload.cli.regress import regress as regress_cmd
 from offload.hls import regress as R
 from offload.hls.reports import parse_xml
 from offload.kernels import catalogue as C
 
-FIX = Path(__file__).parent / "fixtures" / "hls-reports" / "vitis-2020.2-gaussian" / "csynth.xml"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hls-reports" / "vitis-2020.2-gaussian" / "csynth.xml"
 # Two cheap entries of different kinds of arithmetic: a saturating narrow accumulator and row-wise int8.
 PICK = ["emb/sum/ap_fixed16_6-accsat18_8/d16/bag20/t1", "emb/max/int8_rowwise/d16/bag20/t1"]
 SEL = ["--kernel", PICK[0], "--kernel", PICK[1]]
@@ -108,7 +108,7 @@ def test_synthesis_tcl_commands_in_order():
 
 
 def test_report_paths():
-    from offload._cli_regress import _report_paths
+    from offload.cli.regress import _report_paths
 
     assert _report_paths("out/r") == (Path("out/r.json"), Path("out/r.md"))
     assert _report_paths("out/r.json") == (Path("out/r.json"), Path("out/r.md"))

@@ -11,9 +11,9 @@ import torch.nn as nn
 from click.testing import CliRunner
 
 import offload
-from offload._advisor_model import dsp_per_mult, predict_lookup, predict_mlp, transfer_s
-from offload._advisor_validate import check_autoencoder, find_fixture
-from offload._cards import CARDS, get_card
+from offload.advisor.model import dsp_per_mult, predict_lookup, predict_mlp, transfer_s
+from offload.advisor.validate import check_autoencoder, find_fixture
+from offload.hls.cards import CARDS, get_card
 from offload.cli import main
 
 

@@ -100,13 +100,13 @@ def section_mlp(console: Console) -> bool:
 
 
 def section_partition(console: Console) -> bool:
-    from offload._demo_partition import partition_demo_section
+    from offload.demo.partition import partition_demo_section
 
     return partition_demo_section(console)
 
 
 def section_serve(console: Console) -> bool:
-    from offload.serve.demo import serve_demo_section
+    from offload.demo.serve import serve_demo_section
 
     return serve_demo_section(console)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import offload
-from offload._runtime import get_resident
+from offload.ops.resident import get_resident
 from offload.sim.fixed import FixedType
 
 U32 = 2.0 ** -24  # float32 unit roundoff
@@ -234,7 +234,7 @@ def test_cuda_indices_come_back_on_cuda():
 
 def test_float32_output_is_the_single_rounding_of_the_exact_value():
     # The op converts raw -> float32 directly; it must equal rounding the exact (float64) value once.
-    from offload._ops_embedding import lookup_numpy
+    from offload.ops.embedding import lookup_numpy
 
     torch.manual_seed(6)
     bag = torch.nn.EmbeddingBag(30, 16, mode="sum")

@@ -13,7 +13,7 @@ import pytest
 
 from offload.hls.reports import ReportError, find_report, parse_report, parse_rpt, parse_xml
 
-FIX = Path(__file__).parent / "fixtures" / "hls-reports"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hls-reports"
 VITIS = FIX / "vitis-2020.2-gaussian"
 VIVADO = FIX / "vivado-2019.2-hls4ml-autoencoder"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import click
 
-from offload._cli_advise import advise_cmd
-from offload._cli_build import build_cmd, devices_cmd, info_cmd
-from offload._cli_regress import regress
-from offload.serve._cli import bench_cmd, example_cmd, serve_cmd
+from offload.cli.advise import advise_cmd
+from offload.cli.build import build_cmd, devices_cmd, info_cmd
+from offload.cli.regress import regress
+from offload.cli.serve import bench_cmd, example_cmd, serve_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import offload
-from offload._cards import CARDS
+from offload.hls.cards import CARDS
 
 FMT = "ap_fixed<16,6>"
 LSB = 2.0**-10  # ap_fixed<16,6>: 10 fractional bits

@@ -62,7 +62,7 @@ def serve_cmd(bundle, host, port, device, max_batch_size, max_queue_delay_us, ma
 @click.option("--out", default="offload-bench", show_default=True, help="Writes OUT.json and OUT.png.")
 def bench_cmd(url, rate, duration, batch, model, api_key, out):
     """Open-loop load on URL (http://127.0.0.1:PORT/v2/models/NAME): latency percentiles and throughput."""
-    from offload.serve.loadgen import run_load, write_report
+    from offload.loadgen.openloop import run_load, write_report
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:

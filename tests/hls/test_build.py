@@ -237,7 +237,7 @@ def test_cli_build_vitis_failure_shows_the_tools_error_lines(bundle_dir, tmp_pat
 def test_cli_build_vitis_records_the_xclbin(bundle_dir, tmp_path, fake_vpp, monkeypatch):
     from pathlib import Path
 
-    fixture = Path(__file__).parent / "fixtures" / "hls-reports" / "vitis-2020.2-gaussian" / "csynth.xml"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "hls-reports" / "vitis-2020.2-gaussian" / "csynth.xml"
     monkeypatch.setenv("FAKE_VPP_REPORT", str(fixture))
     out = tmp_path / "prj"
     r = CliRunner().invoke(main, ["build", str(bundle_dir), "--target", "u55c", "--out", str(out), "--vitis", "--cus", "2"])

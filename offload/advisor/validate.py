@@ -5,7 +5,7 @@ hls4ml-generated convolutional autoencoder (public project ChiRuiChen/AutoEncode
 xc7z020, 5 ns clock). Its layer configuration, read from that project's ``firmware/parameters.h``
 and ``hls4ml_config.yml`` (ap_fixed<32,16> everywhere, Resource strategy, io_stream, line-buffer
 convolutions), is written down in :data:`AUTOENCODER_CONVS`. We predict each convolution's
-worst-case latency and DSP count with :func:`offload._advisor_model.predict_conv_stream` (7-series
+worst-case latency and DSP count with :func:`offload.advisor.model.predict_conv_stream` (7-series
 DSP48E1: 25 x 18 multipliers) and put the report's numbers next to them. Nothing is fitted.
 """
 
@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from offload._advisor_model import DSP48E1_A, DSP48E1_B, predict_conv_stream
+from offload.advisor.model import DSP48E1_A, DSP48E1_B, predict_conv_stream
 
 __all__ = ["ConvLayer", "AUTOENCODER_CONVS", "LayerCheck", "parse_instances", "check_autoencoder", "find_fixture"]
 

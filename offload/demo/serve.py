@@ -38,7 +38,7 @@ def serve_demo_section(console=None, *, rate: float = 300.0, duration: float = 3
 
     from offload.examples.risk import build_risk_bundle, make_transactions
     from offload.host import open_device
-    from offload.serve.loadgen import run_load, write_report
+    from offload.loadgen.openloop import run_load, write_report
 
     console = console or Console()
     console.rule("[bold]Scoring service: the risk MLP over KServe/Triton OIP v2")

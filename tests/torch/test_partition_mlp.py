@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import offload
-import offload.partition as partition
+import offload.partition.core as partition
 
 
 class Mixed(nn.Module):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import offload
-from offload._runtime import get_resident
+from offload.ops.resident import get_resident
 from offload.host import open_device
 from offload.kernels.embedding import TableSpec, make_kernel, make_spec
 

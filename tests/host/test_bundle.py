@@ -173,7 +173,7 @@ assert "torch" not in sys.modules
 
 def test_bundle_loads_and_runs_without_torch(tmp_path):
     p = save(_kernels(), tmp_path / "m")
-    code = _NO_TORCH.format(tests=str(Path(__file__).parent), path=str(p))
+    code = _NO_TORCH.format(tests=str(Path(__file__).resolve().parents[1]), path=str(p))
     env = {**os.environ, "PYTHONPATH": ""}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert out.returncode == 0, out.stderr

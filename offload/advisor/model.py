@@ -14,7 +14,7 @@ Card latency of one call = host->card transfers + kernel launch + kernel time + 
 - hls4ml *resource* strategy convolutions with ``io_stream`` (used to validate against a real HLS
   report): one input pixel every ``reuse_factor`` cycles plus the pipeline depth.
 
-All constants come from :mod:`offload._cards` (with their sources) or are the named assumptions
+All constants come from :mod:`offload.hls.cards` (with their sources) or are the named assumptions
 below; nothing here is fitted to a synthesis report.
 """
 
@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from offload._cards import (
+from offload.hls.cards import (
     DDR_RANDOM_READ_LATENCY_S,
     DDR4_CHANNEL_BPS,
     HBM_RANDOM_READ_LATENCY_S,

@@ -1,7 +1,7 @@
 """torch.library op for resident MLP kernels.
 
 ``torch.ops.offload.mlp_score(rid, x)`` scores ``x`` [B, F] (floating point) with the resident
-kernel ``rid`` (from :func:`offload._runtime.make_resident`) on that kernel's device and returns
+kernel ``rid`` (from :func:`offload.ops.resident.make_resident`) on that kernel's device and returns
 [B, n_out] in ``x``'s dtype on ``x``'s device. The kernel's spec fixes layers and types.
 
 Registered like the embedding ops (``Library`` + ``impl`` under CompositeExplicitAutograd and
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from offload._runtime import get_resident
+from offload.ops.resident import get_resident
 
 __all__ = ["score_numpy"]
 

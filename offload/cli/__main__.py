@@ -1,0 +1,3 @@
+from offload.cli.main import main
+
+main()
