@@ -16,12 +16,11 @@ Example::
 
 from __future__ import annotations
 
-import io
 import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.fx as fx
@@ -30,6 +29,7 @@ import torch.nn as nn
 from offload.advisor.model import Prediction, predict_lookup, predict_mlp
 from offload.hls.cards import Card, get_card
 from offload.partition.find import EMB_BAG_PARAMS, OPS, Candidate, find_candidates, trace
+from offload.render import RichReport
 
 __all__ = ["advise", "Advice", "Estimate"]
 
@@ -64,9 +64,10 @@ class Estimate:
 
 
 @dataclass
-class Advice:
+class Advice(RichReport):
     """Estimates for every candidate and batch size, against one card."""
 
+    text_width: ClassVar[int] = 160
     card: Card
     batch_sizes: tuple[int, ...]
     rows: list[Estimate] = field(default_factory=list)
@@ -98,15 +99,8 @@ class Advice:
                       f"{r.verdict}: {r.why}")
         return t
 
-    def __str__(self) -> str:
-        from rich.console import Console
-
-        buf = io.StringIO()
-        con = Console(file=buf, width=160, no_color=True, color_system=None)
-        con.print(self.table())
-        for n in self.notes:
-            con.print(f"note: {n}")
-        return buf.getvalue()
+    def renderables(self) -> list:
+        return [self.table(), *(f"note: {n}" for n in self.notes)]
 
 
 def _us(s: float) -> str:

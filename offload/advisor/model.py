@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from offload.hls.cards import (
-    DDR_RANDOM_READ_LATENCY_S,
     DDR4_CHANNEL_BPS,
+    DDR_RANDOM_READ_LATENCY_S,
     HBM_RANDOM_READ_LATENCY_S,
     KERNEL_LAUNCH_S,
     M_AXI_OUTSTANDING_READS,

@@ -11,7 +11,6 @@ and every offloaded node, the cosine similarity and the largest absolute error a
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn as nn
+
+from offload.render import RichReport
 
 __all__ = ["Diff", "Comparison", "compare"]
 
@@ -40,7 +41,7 @@ class Diff:
 
 
 @dataclass
-class Comparison:
+class Comparison(RichReport):
     """Per-output and per-offloaded-node errors; ``print(cmp)`` renders a table."""
 
     outputs: list[Diff] = field(default_factory=list)
@@ -70,17 +71,8 @@ class Comparison:
                 t.add_row(label, d.name, "x".join(map(str, d.shape)), f"{d.cosine:.6f}", f"{d.max_abs_err:.3g}", f"{d.rel_err:.3g}")
         return t
 
-    def __str__(self) -> str:
-        from rich.console import Console
-
-        buf = io.StringIO()
-        Console(file=buf, width=140, no_color=True, color_system=None).print(self.table())
-        return buf.getvalue()
-
-    def print(self) -> None:
-        from rich.console import Console
-
-        Console().print(self.table())
+    def renderables(self) -> list:
+        return [self.table()]
 
 
 def _flatten(x: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:

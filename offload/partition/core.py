@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import io
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -40,6 +39,7 @@ from offload.partition.build import (
 )
 from offload.partition.compare import Comparison, compare
 from offload.partition.find import OPS, Candidate, find_candidates, functional_args, trace
+from offload.render import RichReport
 
 __all__ = ["offload", "compare", "OffloadReport", "Decision", "Comparison"]
 
@@ -59,7 +59,7 @@ class Decision:
 
 
 @dataclass
-class OffloadReport:
+class OffloadReport(RichReport):
     """Every candidate, offloaded or kept, and why; printed as a table."""
 
     decisions: list[Decision] = field(default_factory=list)
@@ -105,22 +105,8 @@ class OffloadReport:
             t.add_row(d.node, d.kind, d.target, d.shape, where, why)
         return t
 
-    def __str__(self) -> str:
-        from rich.console import Console
-
-        buf = io.StringIO()
-        con = Console(file=buf, width=140, no_color=True, color_system=None)
-        con.print(self.table())
-        for n in self.notes:
-            con.print(f"note: {n}")
-        return buf.getvalue()
-
-    def print(self) -> None:
-        from rich.console import Console
-
-        Console().print(self.table())
-        for n in self.notes:
-            Console().print(f"note: {n}")
+    def renderables(self) -> list:
+        return [self.table(), *(f"note: {n}" for n in self.notes)]
 
 
 class _Kept(nn.Module):

@@ -10,11 +10,12 @@ Example::
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from offload.render import RichReport
 
 __all__ = ["LayerRow", "QuantReport"]
 
@@ -33,9 +34,10 @@ class LayerRow:
 
 
 @dataclass
-class QuantReport:
+class QuantReport(RichReport):
     """Per-layer rows plus the end-to-end metric of the float model (before) and fixed-point (after)."""
 
+    text_width: ClassVar[int] = 200
     layers: list[LayerRow]
     metric: str
     before: float
@@ -53,7 +55,7 @@ class QuantReport:
         p.write_text(json.dumps(self.to_json(), indent=2))
         return p
 
-    def _table(self):
+    def table(self):
         from rich.table import Table
 
         t = Table(title=f"offload quantization report ({self.rows} calibration rows)")
@@ -70,18 +72,8 @@ class QuantReport:
         t.caption = f"{self.metric}: float {self.before:.6g} -> fixed {self.after:.6g}{budget}"
         return t
 
-    def __str__(self) -> str:
-        from rich.console import Console
-
-        buf = io.StringIO()
-        Console(file=buf, width=200, force_terminal=False).print(self._table())
-        return buf.getvalue()
-
-    def print(self, console=None) -> None:
-        """Print the report table to ``console`` (a rich Console; a new one on stdout if omitted)."""
-        from rich.console import Console
-
-        (console or Console()).print(self._table())
+    def renderables(self) -> list:
+        return [self.table()]
 
     def save_png(self, path: str | Path) -> Path:
         """Bar chart of every layer's cosine similarity and result width (needs matplotlib)."""
