@@ -437,7 +437,7 @@ def _embedding_inputs(spec: Any, rng: np.random.Generator, case: int) -> dict[st
         "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(dtype),
     }
     if spec.mode == "sum" and case % 2 == 1:
-        wt = FixedType.parse(spec.weight_type)
+        wt = spec.weight_type
         n = out["indices"].shape[0]
         w = rng.integers(wt.min_raw, wt.max_raw + 1, size=n, dtype=np.int64)
         w[: min(2, n)] = [wt.min_raw, wt.max_raw][: min(2, n)]

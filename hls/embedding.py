@@ -67,7 +67,7 @@ def _param_dtype(ts: TableSpec) -> np.dtype:
 
 
 def top_args(spec: EmbeddingSpec) -> list[KernelArg]:
-    acc, out_t, wt = spec.types()
+    acc, out_t, wt = spec.acc_type, spec.out_type, spec.weight_type
     args: list[KernelArg] = []
     for t, ts in enumerate(spec.tables):
         args.append(KernelArg(f"table{t}", "resident", ts.storage_dtype(), table_bundle(spec, t)))
@@ -86,7 +86,7 @@ def top_args(spec: EmbeddingSpec) -> list[KernelArg]:
 
 def _table_struct(spec: EmbeddingSpec, t: int, col: int) -> str:
     ts = spec.tables[t]
-    vt = spec.value_types()[t]
+    vt = spec.value_types[t]
     store = _CTYPE[ts.storage_dtype().name]
     pstore = _CTYPE[_param_dtype(ts).name]
     has_pad = ts.padding_idx is not None
@@ -129,7 +129,7 @@ def _table_struct(spec: EmbeddingSpec, t: int, col: int) -> str:
 
 
 def _config_header(spec: EmbeddingSpec) -> str:
-    acc, out_t, wt = spec.types()
+    acc, out_t, wt = spec.acc_type, spec.out_type, spec.weight_type
     guard = f"OFFLOAD_EMB_CFG_{_digest(spec).upper()}"
     structs = []
     for t, col in enumerate(spec.col_offsets()):
@@ -207,7 +207,7 @@ def pack_resident(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> dic
 def pack_inputs(spec: EmbeddingSpec, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Inputs as the top function's buffers. Buffers are never empty (a card cannot allocate 0
     bytes): empty arrays become one ignored element."""
-    _, out_t, wt = spec.types()
+    out_t, wt = spec.out_type, spec.weight_type
     idx = np.ascontiguousarray(inputs["indices"], dtype=np.int64)
     off = np.ascontiguousarray(inputs["offsets"], dtype=np.int64)
     w = inputs.get("per_sample_weights")

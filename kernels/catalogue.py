@@ -349,7 +349,7 @@ def _build_embedding(e: Entry, rng: np.random.Generator) -> Case:
     offsets = np.concatenate([[0], np.cumsum(lens.reshape(-1))]).astype(np.int64)
     inputs = {"indices": indices, "offsets": offsets}
     if p["weighted"]:
-        wt = FixedType.parse(spec.weight_type)
+        wt = spec.weight_type
         w = rng.integers(int(wt.min_raw), int(wt.max_raw) + 1, indices.shape[0], dtype=np.int64)
         w[: lens[0, 0]] = int(wt.max_raw)  # the full max-row bag at the largest weight: the biggest sum
         inputs["per_sample_weights"] = w.astype(emb.container_dtype(wt))

@@ -76,8 +76,8 @@ def container_dtype(t: FixedType) -> np.dtype:
     raise ValueError(f"type {t} is wider than 64 bits")
 
 
-def _canon(s: str) -> str:
-    return str(FixedType.parse(s))
+def _canon(s: str | FixedType) -> str:
+    return str(FixedType.parse(str(s)))
 
 
 @dataclass(frozen=True)
@@ -125,10 +125,17 @@ class EmbeddingSpec:
     tables: tuple[TableSpec, ...]
     mode: str
     max_bag_size: int
-    acc_type: str
-    out_type: str
-    weight_type: str = DEFAULT_WEIGHT_TYPE
+    acc_type: FixedType
+    out_type: FixedType
+    weight_type: FixedType = FixedType.parse(DEFAULT_WEIGHT_TYPE)
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def __post_init__(self) -> None:
+        # JSON and callers give the types as strings; the spec keeps them parsed, once.
+        for name in ("acc_type", "out_type", "weight_type"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                object.__setattr__(self, name, FixedType.parse(v))
 
     @property
     def num_tables(self) -> int:
@@ -141,17 +148,12 @@ class EmbeddingSpec:
     def col_offsets(self) -> list[int]:
         return list(np.cumsum([0] + [t.dim for t in self.tables])[:-1].tolist())
 
-    def types(self) -> tuple[FixedType, FixedType, FixedType]:
-        """Parsed ``(acc_type, out_type, weight_type)`` (cached)."""
-        c = self._cache.get("types")
-        if c is None:
-            c = self._cache["types"] = (FixedType.parse(self.acc_type), FixedType.parse(self.out_type), FixedType.parse(self.weight_type))
-        return c
-
-    def value_types(self) -> list[FixedType]:
+    @property
+    def value_types(self) -> tuple[FixedType, ...]:
+        """Each table's element type as the kernel reads it (cached)."""
         c = self._cache.get("values")
         if c is None:
-            c = self._cache["values"] = [t.value_type() for t in self.tables]
+            c = self._cache["values"] = tuple(t.value_type() for t in self.tables)
         return c
 
     def to_json(self) -> dict:
@@ -160,9 +162,9 @@ class EmbeddingSpec:
             "tables": [asdict(t) for t in self.tables],
             "mode": self.mode,
             "max_bag_size": self.max_bag_size,
-            "acc_type": self.acc_type,
-            "out_type": self.out_type,
-            "weight_type": self.weight_type,
+            "acc_type": str(self.acc_type),
+            "out_type": str(self.out_type),
+            "weight_type": str(self.weight_type),
         }
 
     @staticmethod
@@ -252,7 +254,7 @@ def _check_spec(spec: EmbeddingSpec) -> None:
     names = [t.name for t in spec.tables]
     if len(set(names)) != len(names):
         raise ValueError(f"tables: duplicate names {names}")
-    acc, out, wt = spec.types()
+    acc, out, wt = spec.acc_type, spec.out_type, spec.weight_type
     if int(acc.width) > _MAX_ACC_WIDTH:
         raise ValueError(f"acc_type: {acc} is wider than {_MAX_ACC_WIDTH} bits")
     if int(out.width) > 64:
@@ -386,7 +388,7 @@ def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Map
             raise TypeError(f"per_sample_weights: expected raw integers in {spec.weight_type}, got {getattr(w, 'dtype', type(w).__name__)}")
         if w.shape != (n,):
             raise ValueError(f"per_sample_weights: shape {w.shape} must match indices ({n},)")
-        lo, hi = _sim._raw_min_max(spec.types()[2])
+        lo, hi = _sim._raw_min_max(spec.weight_type)
         if w.size and (w.min() < lo or w.max() > hi):
             raise ValueError(f"per_sample_weights: raw values outside {spec.weight_type}'s range [{lo}, {hi}]")
     B = (off.shape[0] - 1) // T
@@ -448,7 +450,7 @@ def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Ma
     w = inputs.get("per_sample_weights")
     T = spec.num_tables
     B = (off.shape[0] - 1) // T
-    acc, out_t, wt = spec.types()
+    acc, out_t, wt = spec.acc_type, spec.out_type, spec.weight_type
     out = np.empty((B, spec.total_dim), dtype=np.int64) if T > 1 else None
     col = 0
     for t, ts in enumerate(spec.tables):
@@ -462,7 +464,7 @@ def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Ma
             tw = tw[keep]
         vals = _sim.gather_values(tensors[f"table{t}"], ti, tensors.get(f"params{t}"))
         pooled = _sim.pool_bags(
-            vals, spec.value_types()[t], o, spec.mode, acc, out_t,
+            vals, spec.value_types[t], o, spec.mode, acc, out_t,
             max_bag_size=spec.max_bag_size, weights=tw, weight_type=wt,
         )
         if T == 1:

@@ -56,7 +56,7 @@ def make_case(rng, spec, B, max_len, weighted=False, pad_frac=0.0):
         parts.append(ii)
     inputs = {"indices": np.concatenate(parts).astype(np.int64), "offsets": off.astype(np.int64)}
     if weighted:
-        wt = spec.types()[2]
+        wt = spec.weight_type
         inputs["per_sample_weights"] = rng.integers(wt.min_raw, wt.max_raw + 1, off[-1]).astype(np.int64)
     return inputs
 

@@ -153,7 +153,7 @@ class EmbeddingBag(_Resident):
 
     def extra_repr(self) -> str:
         s = self.spec
-        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, fmt={s.tables[0].fmt!r}, acc={s.acc_type!r}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, fmt={s.tables[0].fmt!r}, acc={str(s.acc_type)!r}"
 
 
 class Embedding(_Resident):

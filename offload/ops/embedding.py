@@ -45,14 +45,14 @@ def _host(t: torch.Tensor) -> np.ndarray:
 def _run_raw(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None):
     res = get_resident(rid)
     spec = res.kernel.spec
-    wt = spec.types()[2]
+    wt = spec.weight_type
     inputs = {"indices": indices, "offsets": offsets}
     if per_sample_weights is not None:
         if per_sample_weights.dtype.kind != "f":
             raise TypeError(f"per_sample_weights: must be floating point, got {per_sample_weights.dtype}")
         # Quantized with weight_type's own rounding and overflow modes (saturating by default).
         inputs["per_sample_weights"] = np.asarray(wt.quantize(per_sample_weights.astype(np.float64, copy=False)), dtype=np.int64)
-    return res.device.run(res.handle, inputs)["out"], spec.types()[1]
+    return res.device.run(res.handle, inputs)["out"], spec.out_type
 
 
 def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None) -> np.ndarray:

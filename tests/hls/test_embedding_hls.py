@@ -49,7 +49,7 @@ def test_cpp_matches_sim_random_and_edges(mode):
         for weighted in ([False, True] if mode == "sum" else [False]):
             inputs = make_case(rng, spec, B, max_len, weighted=weighted, pad_frac=0.25)
             if weighted and B == 9:  # weights at the ends of weight_type's range
-                wt = spec.types()[2]
+                wt = spec.weight_type
                 inputs["per_sample_weights"][::3] = wt.min_raw
                 inputs["per_sample_weights"][1::3] = wt.max_raw
             _compare(spec, kernel, inputs)
@@ -80,7 +80,7 @@ def test_cpp_max_ties_negative_rows_and_table_ends():
     inputs = {"indices": np.array([0, 7, 7, 0, 3, 3, 7, 0, 0], dtype=np.int64),
               "offsets": np.array([0, 2, 4, 6, 6, 9], dtype=np.int64)}
     out = _compare(spec, kernel, inputs)
-    acc = spec.types()[1]
+    acc = spec.out_type
     np.testing.assert_array_equal(acc.to_float(out[:, 0]), [-1.25, -1.25, 0.0, 0.0, -1.25])  # bag 2: only padding
     np.testing.assert_array_equal(acc.to_float(out[:, 1]), [0.5, 0.5, 0.0, 0.0, 0.5])
 

@@ -21,7 +21,7 @@ U8 = FixedType.parse("ap_uint<8>")
 def _slow_reference(spec, tensors, inputs):
     """One bag at a time with FixedType.cast / fixed.mul / fixed.add / fixed.accumulate (the
     per-step ``acc = acc_t(acc + t)`` loop), Python-int division for mean."""
-    acc, out_t, wt = spec.types()
+    acc, out_t, wt = spec.acc_type, spec.out_type, spec.weight_type
     idx, off = inputs["indices"], inputs["offsets"]
     w = inputs.get("per_sample_weights")
     T = spec.num_tables
@@ -81,8 +81,8 @@ def test_saturating_and_wrapping_accumulators_really_overflow():
         wide = make_spec(spec.tables, mode="sum", max_bag_size=spec.max_bag_size, weight_type=spec.weight_type)
         narrow = KIND.reference(spec, kernel.tensors, inputs)["out"]
         exact = KIND.reference(wide, kernel.tensors, inputs)["out"]
-        acc = spec.types()[0]
-        assert (acc.to_float(narrow) != wide.types()[1].to_float(exact)).mean() > 0.2, name
+        acc = spec.acc_type
+        assert (acc.to_float(narrow) != wide.out_type.to_float(exact)).mean() > 0.2, name
 
 
 def test_round_div_ties_away_from_zero():
@@ -112,14 +112,14 @@ def test_reference_close_to_float_within_derived_bound(fmt, mode):
     spec = make_spec([TableSpec("a", 64, 8, fmt, pt, padding_idx=3)], mode=mode, max_bag_size=40)
     kernel = make_kernel("k", spec, [W])
     inputs = _case(rng, spec, 30, 40, weighted=False, pad_frac=0.2)
-    wt = spec.types()[2]
+    wt = spec.weight_type
     w = None
     if mode == "sum":
         w = rng.uniform(-3, 3, inputs["indices"].shape[0])
         inputs["per_sample_weights"] = wt.quantize(w)
-    got = spec.types()[1].to_float(KIND.reference(spec, kernel.tensors, inputs)["out"])
+    got = spec.out_type.to_float(KIND.reference(spec, kernel.tensors, inputs)["out"])
     err = _quant_err(spec.tables[0], kernel.tensors, 0)
-    acc, out_t, _ = spec.types()
+    acc, out_t = spec.acc_type, spec.out_type
     off = inputs["offsets"]
     for b in range(30):
         ii = inputs["indices"][off[b]:off[b + 1]]
@@ -193,7 +193,7 @@ def test_float_blas_sums_equal_integer_sums(monkeypatch, mode, ragged, weighted)
     off = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
     inputs = {"indices": rng.integers(0, 300, int(off[-1])), "offsets": off}
     if weighted:
-        wt = spec.types()[2]
+        wt = spec.weight_type
         inputs["per_sample_weights"] = rng.choice([wt.min_raw, wt.max_raw, 1, -1], int(off[-1]))
     KIND.validate(spec, kernel.tensors, inputs)
     calls = _count_float_sums(monkeypatch)

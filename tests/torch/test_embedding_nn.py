@@ -49,7 +49,7 @@ def _bound(m, bag, input, offsets, psw):
     plus torch's own float32 summation (n+2) u sum|w e| and the float32 output rounding u|y|.
     """
     err = _elem_err(m)[0]
-    acc, out_t, wt = m.spec.types()
+    acc, out_t, wt = m.spec.acc_type, m.spec.out_type, m.spec.weight_type
     W = bag.weight.detach().double().numpy()
     pad = bag.padding_idx
     dw = wt.lsb / 2
@@ -245,7 +245,7 @@ def test_float32_output_is_the_single_rounding_of_the_exact_value():
     off = torch.arange(0, 200, 25)
     psw = torch.rand(200) * 100
     exact = lookup_numpy(m.rid, idx.numpy(), np.append(off.numpy(), 200), psw.numpy())
-    assert m.spec.types()[1].width > 24  # raw values need more than float32's 24-bit significand
+    assert m.spec.out_type.width > 24  # raw values need more than float32's 24-bit significand
     np.testing.assert_array_equal(m(idx, off, psw).numpy(), exact.astype(np.float32))
 
 
