@@ -22,7 +22,9 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["KernelArg", "HlsKind", "register_hls_kind", "get_hls_kind"]
+from offload.kernels.registry import Registry
+
+__all__ = ["KernelArg", "HlsKind", "HLS_KINDS", "register_hls_kind", "get_hls_kind"]
 
 Role = Literal["resident", "input", "output", "scalar"]
 
@@ -66,30 +68,14 @@ class HlsKind:
     unpack_outputs: Callable[[Any, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-_KINDS: dict[str, HlsKind] = {}
+HLS_KINDS: Registry[HlsKind] = Registry("HLS generator for kernel kind")
 
 
 def register_hls_kind(kind: HlsKind) -> HlsKind:
-    """Register a generator (idempotent for the same object)."""
-    prev = _KINDS.get(kind.name)
-    if prev is not None and prev is not kind:
-        raise ValueError(f"HLS kind {kind.name!r} is already registered")
-    _KINDS[kind.name] = kind
-    return kind
+    """Register a generator under its kind's name (idempotent for the same object)."""
+    return HLS_KINDS.register(kind.name, kind)
 
 
 def get_hls_kind(name: str) -> HlsKind:
     """The generator for kernel kind ``name``; ``KeyError`` lists the known ones."""
-    if name not in _KINDS:
-        import importlib
-
-        for mod in ("offload.hls.embedding", "offload.hls.mlp"):
-            try:
-                importlib.import_module(mod)
-            except ModuleNotFoundError as e:
-                if e.name != mod:
-                    raise
-    try:
-        return _KINDS[name]
-    except KeyError:
-        raise KeyError(f"no HLS generator for kernel kind {name!r}; known: {sorted(_KINDS)}") from None
+    return HLS_KINDS.get(name)

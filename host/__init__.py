@@ -19,6 +19,10 @@ from offload.host.device import (
     register_device,
 )
 
+# The built-in backends register themselves when their modules load (pyxrt and pynq themselves
+# are imported only when such a device is opened).
+from offload.host import emu, pynq, sim, xrt  # noqa: E402,F401  isort: skip
+
 __all__ = [
     "Device",
     "DeviceError",

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
-from offload.kernels.registry import Kernel
+from offload.kernels.registry import Kernel, Registry
 from offload.sim.errors import DeviceError, DeviceTimeout  # noqa: F401  (re-exported: defined once in the hierarchy)
 
 __all__ = [
@@ -81,25 +81,15 @@ class Device(Protocol):
 
 
 DeviceFactory = Callable[[str], Device]
-_FACTORIES: dict[str, DeviceFactory] = {}
+DEVICES: Registry[DeviceFactory] = Registry("device backend")
 _DEFAULTS: dict[str, Device] = {}
 _LOCK = threading.Lock()
 
 
-def register_device(prefix: str, factory: DeviceFactory) -> None:
-    """Register a device backend under ``prefix`` (``"sim"``, ``"xrt"``); the factory gets the full spec."""
-    _FACTORIES[prefix] = factory
-
-
-def _load_builtin() -> None:
-    import importlib
-
-    for mod in ("offload.host.sim", "offload.host.emu", "offload.host.xrt", "offload.host.pynq"):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
+def register_device(prefix: str) -> Callable[[DeviceFactory], DeviceFactory]:
+    """Class decorator: register a device backend under ``prefix`` (``"sim"``, ``"xrt"``); the
+    factory (usually the class) gets the full spec string."""
+    return DEVICES.register(prefix)
 
 
 def open_device(spec: str | None = None) -> Device:
@@ -109,11 +99,9 @@ def open_device(spec: str | None = None) -> Device:
     """
     spec = (spec or os.environ.get("OFFLOAD_DEVICE") or "sim").strip()
     prefix = spec.split(":", 1)[0]
-    if prefix not in _FACTORIES:
-        _load_builtin()
-    if prefix not in _FACTORIES:
-        raise ValueError(f"device {spec!r}: unknown backend {prefix!r}; known: {sorted(_FACTORIES)}")
-    return _FACTORIES[prefix](spec)
+    if prefix not in DEVICES:
+        raise ValueError(f"device {spec!r}: unknown backend {prefix!r}; known: {DEVICES.names()}")
+    return DEVICES.get(prefix)(spec)
 
 
 def default_device(spec: str | None = None) -> Device:

@@ -42,6 +42,7 @@ def _alloc_device(bank: Any, size: int) -> np.ndarray:
     return np.empty(size, dtype=np.uint8)
 
 
+@register_device("emu")
 class EmuDevice(BufferedDevice):
     """Runs the kernels' HLS C++ (g++-built) behind card buffer semantics; see the module doc."""
 
@@ -95,6 +96,3 @@ class EmuDevice(BufferedDevice):
 
     def _shutdown(self) -> None:
         self._pool.close()
-
-
-register_device("emu", EmuDevice)

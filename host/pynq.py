@@ -62,6 +62,7 @@ class _PynqKernel:
     lock: threading.Lock
 
 
+@register_device("pynq")
 class PynqDevice(BufferedDevice):
     """An Alveo card through PYNQ 3.x; see the module doc."""
 
@@ -210,6 +211,3 @@ class PynqDevice(BufferedDevice):
         self._resident_bufs.clear()
         if self._ol is not None and hasattr(self._ol, "free"):
             self._ol.free()
-
-
-register_device("pynq", PynqDevice)

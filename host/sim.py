@@ -14,6 +14,7 @@ from offload.kernels.registry import Kernel, get_kind, resident_copy
 __all__ = ["SimDevice"]
 
 
+@register_device("sim")
 class SimDevice:
     """Runs each kernel's reference model from :mod:`offload.sim`.
 
@@ -75,6 +76,3 @@ class SimDevice:
     def _check_open(self) -> None:
         if self._closed:
             raise DeviceError(f"device {self.name!r} is closed")
-
-
-register_device("sim", SimDevice)

@@ -66,6 +66,7 @@ class _XrtKernel:
     lock: threading.Lock
 
 
+@register_device("xrt")
 class XrtDevice(BufferedDevice):
     """An Alveo card through pyxrt; see the module doc."""
 
@@ -221,6 +222,3 @@ class XrtDevice(BufferedDevice):
 
     def _shutdown(self) -> None:
         self._pool.close()
-
-
-register_device("xrt", XrtDevice)

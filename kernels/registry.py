@@ -16,13 +16,15 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Generic, Mapping, TypeVar, overload
 
 import numpy as np
 
 Arrays = Mapping[str, np.ndarray]
+T = TypeVar("T")
+_MISSING = object()
 
-__all__ = ["Kernel", "KernelKind", "register_kind", "get_kind", "kinds", "resident_copy"]
+__all__ = ["Kernel", "KernelKind", "Registry", "KINDS", "register_kind", "get_kind", "kinds", "resident_copy"]
 
 
 @dataclass(frozen=True)
@@ -62,44 +64,70 @@ class Kernel:
         return self.spec.kind
 
 
-_KINDS: dict[str, KernelKind] = {}
+class Registry(Generic[T]):
+    """Name -> implementation, for the few things offload has several of (kernel kinds, HLS
+    generators, device backends). Implementations register where they are defined, with
+    ``register`` as a decorator or a call; the package that defines the built-ins imports them
+    in its ``__init__``, so a lookup never has to guess which modules to import.
+
+    Example::
+
+        DEVICES: Registry[DeviceFactory] = Registry("device backend")
+
+        @DEVICES.register("sim")
+        class SimDevice: ...
+    """
+
+    def __init__(self, what: str):
+        self.what = what
+        self._items: dict[str, T] = {}
+
+    @overload
+    def register(self, name: str) -> Callable[[T], T]: ...
+    @overload
+    def register(self, name: str, item: T) -> T: ...
+
+    def register(self, name: str, item: Any = _MISSING) -> Any:
+        """Register ``item`` under ``name`` (idempotent for the same object; another object under a
+        taken name is refused). Without ``item``, returns a decorator."""
+        if item is _MISSING:
+            return lambda obj: self.register(name, obj)
+        prev = self._items.get(name)
+        if prev is not None and prev is not item:
+            raise ValueError(f"{self.what} {name!r} is already registered")
+        self._items[name] = item
+        return item
+
+    def get(self, name: str) -> T:
+        """The implementation registered as ``name``; ``KeyError`` lists the known names."""
+        try:
+            return self._items[name]
+        except KeyError:
+            raise KeyError(f"unknown {self.what} {name!r}; known: {self.names()}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+
+KINDS: Registry[KernelKind] = Registry("kernel kind")
 
 
 def register_kind(kind: KernelKind) -> KernelKind:
-    """Register a kernel family (idempotent for the same name and object)."""
-    prev = _KINDS.get(kind.name)
-    if prev is not None and prev is not kind:
-        raise ValueError(f"kernel kind {kind.name!r} is already registered")
-    _KINDS[kind.name] = kind
-    return kind
-
-
-def _load_builtin() -> None:
-    # Importing the modules registers them; done lazily so `offload.kernels` stays cheap to import.
-    import importlib
-
-    for mod in ("offload.kernels.embedding", "offload.kernels.mlp"):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
+    """Register a kernel family under its own name (idempotent for the same object)."""
+    return KINDS.register(kind.name, kind)
 
 
 def get_kind(name: str) -> KernelKind:
     """The registered kind called ``name``; ``KeyError`` lists the known ones."""
-    if name not in _KINDS:
-        _load_builtin()
-    try:
-        return _KINDS[name]
-    except KeyError:
-        raise KeyError(f"unknown kernel kind {name!r}; known: {sorted(_KINDS)}") from None
+    return KINDS.get(name)
 
 
 def kinds() -> list[str]:
     """Names of all registered kernel kinds."""
-    _load_builtin()
-    return sorted(_KINDS)
+    return KINDS.names()
 
 
 def resident_copy(kernel: Kernel) -> Kernel:

@@ -58,7 +58,7 @@ class FlakyDevice(SimDevice):
         return super().run(handle, inputs, timeout)
 
 
-register_device("flaky", FlakyDevice)
+register_device("flaky")(FlakyDevice)
 
 
 class GatedDevice(SimDevice):
@@ -73,4 +73,4 @@ class GatedDevice(SimDevice):
         return super().run(handle, inputs, timeout)
 
 
-register_device("gated", GatedDevice)
+register_device("gated")(GatedDevice)
