@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from offload.hls import csim
+from offload.hls.connectivity import embedding_connectivity
 from offload.hls.registry import get_hls_kind
 from offload.kernels.registry import get_kind
 from offload.sim.errors import BuildError  # noqa: F401  (re-exported: defined once in the hierarchy)
@@ -54,7 +55,6 @@ __all__ = [
     "write_project",
     "golden_check",
     "golden_inputs",
-    "register_input_generator",
     "missing_tools",
     "run_vitis",
     "collect_reports",
@@ -197,10 +197,6 @@ def _kind_placement(card: Card, kernel: Any, args, n_cus: int) -> tuple[list[str
     traffic (``offload.hls.connectivity``, tables larger than a pseudo-channel take a run of them).
     Its config is read back into per-CU banks and SLRs, so one file covers every kernel."""
     if kernel.kind != "embedding":
-        return None
-    try:
-        from offload.hls.connectivity import embedding_connectivity
-    except ImportError:
         return None
     text = embedding_connectivity(kernel.spec, card.name, compute_units=n_cus)
     names = {a.name for a in args if a.role != "scalar"}
@@ -403,77 +399,9 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
 
 # ------------------------------------------------------------------------------ golden C-simulation
 
-InputGenerator = Callable[[Any, np.random.Generator, int], dict[str, np.ndarray]]
-_GENERATORS: dict[str, InputGenerator] = {}
-
-
-def register_input_generator(kind: str, fn: InputGenerator) -> None:
-    """Register how to make golden inputs for a kind: ``fn(spec, rng, case) -> inputs``.
-    Case 0 should be adversarial (extremes, empty and full sizes), later cases random."""
-    _GENERATORS[kind] = fn
-
-
-def _embedding_inputs(spec: Any, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
-    from offload.sim.fixed import FixedType
-
-    B = 3 + case
-    lens_all, idx_all = [], []
-    for ts in spec.tables:
-        if case == 0:  # empty bag, full bag, single entry, then random
-            lens = np.array([0, spec.max_bag_size, 1][:B] + [0] * max(0, B - 3))
-        else:
-            lens = rng.integers(0, spec.max_bag_size + 1, size=B)
-        n = int(lens.sum())
-        idx = rng.integers(0, ts.num_rows, size=n)
-        if case == 0 and n:
-            edge = [0, ts.num_rows - 1] + ([ts.padding_idx] if ts.padding_idx is not None else [])
-            idx[: len(edge)] = edge[: n]
-        lens_all.append(lens)
-        idx_all.append(idx)
-    dtype = np.int64 if case % 2 == 0 else np.int32
-    lens = np.concatenate(lens_all)
-    out = {
-        "indices": np.concatenate(idx_all).astype(dtype),
-        "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(dtype),
-    }
-    if spec.mode == "sum" and case % 2 == 1:
-        wt = spec.weight_type
-        n = out["indices"].shape[0]
-        w = rng.integers(wt.min_raw, wt.max_raw + 1, size=n, dtype=np.int64)
-        w[: min(2, n)] = [wt.min_raw, wt.max_raw][: min(2, n)]
-        out["per_sample_weights"] = w
-    return out
-
-
-register_input_generator("embedding", _embedding_inputs)
-
-
-def _mlp_inputs(spec: Any, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
-    from offload.sim.fixed import FixedType
-
-    t = FixedType.parse(spec.input_type)
-    lo, hi, lsb = t.min_float, t.max_float, t.lsb
-    B = 4 + 2 * case
-    # Beyond the input type's range by a quarter on each side: quantization's overflow mode is exercised.
-    x = rng.uniform(lo - 0.25 * (hi - lo), hi + 0.25 * (hi - lo), size=(B, spec.n_features))
-    if case == 0:  # extremes, out-of-range values and exact rounding ties (k + 1/2 LSB)
-        edge = np.array([lo, hi, hi + lsb, lo - lsb, 2 * hi - lo, 0.5 * lsb, -0.5 * lsb, 1.5 * lsb, -2.5 * lsb, 0.0])
-        flat = x.reshape(-1)
-        flat[: min(edge.size, flat.size)] = edge[: flat.size]
-    elif case % 2 == 0:  # ties everywhere
-        x = (np.floor(x / lsb) + 0.5) * lsb
-    return {"x": x}
-
-
-register_input_generator("mlp", _mlp_inputs)
-
-
 def golden_inputs(spec: Any, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
-    """Inputs for golden case ``case`` of a kernel with ``spec`` (see :func:`register_input_generator`)."""
-    fn = _GENERATORS.get(spec.kind)
-    if fn is None:
-        raise KeyError(f"no golden input generator for kernel kind {spec.kind!r}; register one with offload.hls.build.register_input_generator")
-    return fn(spec, rng, case)
+    """Inputs for golden case ``case`` of a kernel with ``spec``: its kind's ``golden_inputs``."""
+    return get_kind(spec.kind).golden_inputs(spec, rng, case)
 
 
 @dataclass(frozen=True)

@@ -474,4 +474,36 @@ def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Ma
     return {"out": out}
 
 
-KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors))
+def golden_inputs(spec: EmbeddingSpec, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
+    """Golden case ``case``: case 0 is adversarial (empty, full and single-entry bags, first, last
+    and padding rows, extreme weights), later cases random; index dtypes alternate int64/int32."""
+    B = 3 + case
+    lens_all, idx_all = [], []
+    for ts in spec.tables:
+        if case == 0:  # empty bag, full bag, single entry, then random
+            lens = np.array([0, spec.max_bag_size, 1][:B] + [0] * max(0, B - 3))
+        else:
+            lens = rng.integers(0, spec.max_bag_size + 1, size=B)
+        n = int(lens.sum())
+        idx = rng.integers(0, ts.num_rows, size=n)
+        if case == 0 and n:
+            edge = [0, ts.num_rows - 1] + ([ts.padding_idx] if ts.padding_idx is not None else [])
+            idx[: len(edge)] = edge[: n]
+        lens_all.append(lens)
+        idx_all.append(idx)
+    dtype = np.int64 if case % 2 == 0 else np.int32
+    lens = np.concatenate(lens_all)
+    out = {
+        "indices": np.concatenate(idx_all).astype(dtype),
+        "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(dtype),
+    }
+    if spec.mode == "sum" and case % 2 == 1:
+        wt = spec.weight_type
+        n = out["indices"].shape[0]
+        w = rng.integers(wt.min_raw, wt.max_raw + 1, size=n, dtype=np.int64)
+        w[: min(2, n)] = [wt.min_raw, wt.max_raw][: min(2, n)]
+        out["per_sample_weights"] = w
+    return out
+
+
+KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors, golden_inputs))

@@ -271,4 +271,20 @@ def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[
     return {"y": simulate(spec.input_type, spec.layers, tensors, x)}
 
 
-KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors))
+def golden_inputs(spec: MlpSpec, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
+    """Golden case ``case``: rows beyond the input type's range, extremes and rounding ties."""
+    t = FixedType.parse(spec.input_type)
+    lo, hi, lsb = t.min_float, t.max_float, t.lsb
+    B = 4 + 2 * case
+    # Beyond the input type's range by a quarter on each side: quantization's overflow mode is exercised.
+    x = rng.uniform(lo - 0.25 * (hi - lo), hi + 0.25 * (hi - lo), size=(B, spec.n_features))
+    if case == 0:  # extremes, out-of-range values and exact rounding ties (k + 1/2 LSB)
+        edge = np.array([lo, hi, hi + lsb, lo - lsb, 2 * hi - lo, 0.5 * lsb, -0.5 * lsb, 1.5 * lsb, -2.5 * lsb, 0.0])
+        flat = x.reshape(-1)
+        flat[: min(edge.size, flat.size)] = edge[: flat.size]
+    elif case % 2 == 0:  # ties everywhere
+        x = (np.floor(x / lsb) + 0.5) * lsb
+    return {"x": x}
+
+
+KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, golden_inputs))

@@ -38,6 +38,9 @@ class KernelKind:
       (names, shapes, container dtypes, raw values inside their type's range): the reference and
       the C++ read raw bits differently once a value is outside its type, so such a kernel would
       silently disagree between devices.
+    - ``golden_inputs(spec, rng, case)`` (optional) makes the inputs of golden case ``case`` for
+      ``offload build``'s C-simulation check: case 0 adversarial (extremes, empty and full sizes),
+      later cases random.
     """
 
     name: str
@@ -45,6 +48,7 @@ class KernelKind:
     validate: Callable[[Any, Arrays, Arrays], None]
     reference: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]]
     check_tensors: Callable[[Any, Arrays], None] | None = None
+    golden_inputs: Callable[[Any, np.random.Generator, int], dict[str, np.ndarray]] | None = None
 
 
 @dataclass

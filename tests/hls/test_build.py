@@ -12,16 +12,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from _host_util import sa
 from click.testing import CliRunner
 
-from _host_util import sa
 from offload.cli import main
 from offload.hls import build as hb
 from offload.hls.registry import get_hls_kind, register_hls_kind
 from offload.host.bundle import Bundle, load, save
 from offload.kernels.registry import get_kind, register_kind
-
-hb.register_input_generator(sa.KIND, lambda spec, rng, case: sa.make_inputs(spec.n, 3 + case, int(rng.integers(1 << 30))))
 
 # A deliberately wrong kernel: its C++ adds 1 to column 3 of every row. The C-simulation must see it.
 BROKEN = "test_scale_add_broken"
@@ -41,7 +39,6 @@ def _register_broken() -> None:
         return {name.replace("test_scale_add", BROKEN): text.replace("test_scale_add", BROKEN).replace("(uint32_t)bias[i])", "(uint32_t)bias[i] + (i == 3 ? 1u : 0u))")}
 
     register_hls_kind(replace(hgood, name=BROKEN, top_name=lambda spec: hgood.top_name(spec).replace("test_scale_add", BROKEN), sources=sources))
-    hb.register_input_generator(BROKEN, lambda spec, rng, case: sa.make_inputs(spec.n, 3 + case, case))
 
 
 def _embedding_kernel():
@@ -264,6 +261,7 @@ def test_save_build_record_and_run_on_the_card_stand_in(tmp_path, fake_vpp, monk
     """The whole flow: save -> offload build --vitis (fake v++ emitting the JSON xclbin stand-in)
     -> offload info -> the bundle runs on the xrt backend (pyxrt stand-in) exactly like sim."""
     from _host_util import FAKES, assert_same
+
     from offload.host import open_device
 
     ks = [sa.make_kernel("a", n=8, scale=3), _embedding_kernel()]
