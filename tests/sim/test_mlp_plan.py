@@ -23,7 +23,7 @@ from offload.sim.mlp import MlpLayer
 
 def _general(spec, tensors, x, monkeypatch) -> np.ndarray:
     with monkeypatch.context() as m:
-        m.setattr(simmlp, "_FAST_DENSE", False)
+        m.setattr(simmlp.datapath, "_FAST_DENSE", False)
         return simmlp.simulate(spec.input_type, spec.layers, tensors, x)
 
 
@@ -54,7 +54,7 @@ def test_plan_equals_general_path_on_random_specs(narrow, monkeypatch):
         tensors = spec.tensors()
         rng = np.random.default_rng(seed)
         x = _plan_inputs(rng, 800, spec)
-        plan = simmlp._plan_for(spec.input_type, spec.layers, tensors)
+        plan = simmlp.plan.plan_for(spec.input_type, spec.layers, tensors)
         assert plan is not None, spec.layers
         kinds.update(getattr(s, "__name__", "") for s in plan.steps)
         y = plan.run(x)
@@ -76,7 +76,7 @@ def test_plan_falls_back_for_inputs_it_cannot_take(monkeypatch):
     tensors = spec.tensors()
     rng = np.random.default_rng(3)
     x = adversarial_inputs(rng, 400, spec.n_features, spec.input_type)  # holds +-1e300
-    plan = simmlp._plan_for(spec.input_type, spec.layers, tensors)
+    plan = simmlp.plan.plan_for(spec.input_type, spec.layers, tensors)
     assert plan.run(x) is None
     assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x), _general(spec, tensors, x, monkeypatch))
     x[5, 0] = np.inf
@@ -92,7 +92,7 @@ def test_plan_follows_changed_weights(monkeypatch):
         spec, _ = random_spec(seed, narrow=False)
         tensors = spec.tensors()  # writable arrays: compared with the plan's snapshot every call
         rng = np.random.default_rng(seed)
-        x = _plan_inputs(rng, simmlp._PLAN_MAX_ROWS, spec)
+        x = _plan_inputs(rng, simmlp.plan.PLAN_MAX_ROWS, spec)
         before = _planned(spec, tensors, x, monkeypatch)
         if np.unique(before).size > 20:
             break
@@ -109,7 +109,7 @@ def test_plan_follows_changed_weights(monkeypatch):
     for v in frozen.values():
         v.setflags(write=False)
     assert np.array_equal(_planned(spec, frozen, x, monkeypatch), before)
-    assert simmlp._plan_for(spec.input_type, spec.layers, frozen).arrays[0][2] is None
+    assert simmlp.plan.plan_for(spec.input_type, spec.layers, frozen).arrays[0][2] is None
 
 
 @pytest.mark.slow
@@ -123,7 +123,7 @@ def test_plan_matches_hls4ml_directly(seed, tmp_path):
     tensors = spec.tensors()
     rng = np.random.default_rng(seed)
     x = _plan_inputs(rng, 20_000, spec)
-    plan = simmlp._plan_for(spec.input_type, spec.layers, tensors)
+    plan = simmlp.plan.plan_for(spec.input_type, spec.layers, tensors)
     y = plan.run(x)
     assert y is not None
     model = build_model(spec, tmp_path, float_weights=floats)
@@ -172,7 +172,7 @@ def test_plan_equals_general_path_at_type_edges(monkeypatch):
             continue  # a product or table index wider than the spec allows
         tensors = spec.tensors()
         x = _plan_inputs(rng, 64, spec)
-        plan = simmlp._plan_for(spec.input_type, spec.layers, tensors)
+        plan = simmlp.plan.plan_for(spec.input_type, spec.layers, tensors)
         y = None if plan is None else plan.run(x)
         if y is None:
             continue

@@ -22,7 +22,7 @@ def test_cast_shortcut_equals_fixedtype_cast():
                         str(rng.choice(ROUNDING)), str(rng.choice(OVERFLOW)))
         raw = rng.integers(src.min_raw, src.max_raw, size=500, endpoint=True, dtype=np.int64)
         raw[:4] = [src.min_raw, src.max_raw, 0, src.max_raw // 2]
-        got = simmlp._cast(dst, raw.copy(), src)
+        got = simmlp.datapath._cast(dst, raw.copy(), src)
         assert np.array_equal(got, dst.cast(raw, src)), (str(src), str(dst))
 
 
@@ -32,7 +32,7 @@ def test_dense_gemm_shortcut_equals_step_by_step_accumulation(seed, monkeypatch)
     rng = np.random.default_rng(seed)
     x = adversarial_inputs(rng, 3000, spec.n_features, spec.input_type)
     fast = simmlp.simulate(spec.input_type, spec.layers, spec.tensors(), x)
-    monkeypatch.setattr(simmlp, "_FAST_DENSE", False)
+    monkeypatch.setattr(simmlp.datapath, "_FAST_DENSE", False)
     slow = simmlp.simulate(spec.input_type, spec.layers, spec.tensors(), x)
     assert np.array_equal(fast, slow)
 
@@ -41,10 +41,10 @@ def test_table_index_clamps_and_truncates_toward_zero():
     t = FixedType.parse("ap_fixed<16,6>")
     # x * 1024 / 16 = 64 x; int() truncates toward zero; + 512; clamp to [0, 1023]
     xs = np.array([0.0, 1 / 64, -1 / 64, 1.5 / 64, -1.5 / 64, 7.99, 8.0, -8.0, -8.02, 31.9])
-    idx = simmlp._table_index(t.quantize(xs), t, "sigmoid", 1024)
+    idx = simmlp.datapath._table_index(t.quantize(xs), t, "sigmoid", 1024)
     assert idx.tolist() == [512, 513, 511, 513, 511, 1023, 1023, 0, 0, 1023]
     # tanh: x * N / 8 with N = 512 -> 64 x, offset 256
-    idx = simmlp._table_index(t.quantize(np.array([-0.9 / 64, 3.999, -4.5])), t, "tanh", 512)
+    idx = simmlp.datapath._table_index(t.quantize(np.array([-0.9 / 64, 3.999, -4.5])), t, "tanh", 512)
     assert idx.tolist() == [256, 511, 0]
 
 
@@ -74,8 +74,8 @@ def test_int32_product_path_equals_int64():
         src = FixedType(int(rng.integers(2, 31)), int(rng.integers(-4, 12)))
         dst = FixedType(int(rng.integers(2, 40)), int(rng.integers(-4, 20)), True, str(rng.choice(ROUNDING)), str(rng.choice(OVERFLOW)))
         raw = rng.integers(src.min_raw, src.max_raw, size=400, endpoint=True, dtype=np.int64)
-        a = simmlp._round_grid(dst, raw.astype(np.int32), src)
-        b = simmlp._round_grid(dst, raw, src)
+        a = simmlp.datapath._round_grid(dst, raw.astype(np.int32), src)
+        b = simmlp.datapath._round_grid(dst, raw, src)
         if b is None:
             assert a is None
         else:

@@ -1,0 +1,77 @@
+"""Bit-exact reference of hls4ml's io_parallel datapath for small scoring MLPs (Vitis backend).
+
+Every rule below is read from the C++ hls4ml generates and compiles (``nnet_utils`` in the
+installed hls4ml, ``firmware/parameters.h`` / ``defines.h`` of a written project); the proof is
+``tests/hls/test_mlp_hls4ml.py``, which compares against hls4ml's own compiled C-simulation.
+
+- Input: ``input_t(double)`` (the ``myproject_double`` bridge converts each feature that way).
+- Dense (``nnet_dense_latency.h``): ``mult = (accum_t)(x * w)`` with the full-precision product,
+  ``acc = (accum_t)bias``, then ``acc += mult`` input by input in index order (each step assigned
+  back into ``accum_t``), finally ``res = (result_t)acc``.
+- BatchNorm (``nnet_batchnorm.h``, ``normalize``): ``res = (result_t)(x * scale + bias)`` with the
+  exact product and sum.
+- ReLU: ``x > 0 ? (result_t)x : 0``. LeakyReLU: ``x > 0 ? (result_t)x : (result_t)(alpha * x)``
+  with ``alpha = (param_t)(double)negative_slope``.
+- Sigmoid / Tanh (``nnet_activation.h``): a ``table_size``-entry table built at first call in
+  float (``1.0 / (1 + std::exp(-x))`` returned as float; ``tanh`` resolves to ``tanhf``) over
+  [-8, 8) / [-4, 4) and stored in ``table_t``; the index is
+  ``int(x * table_size / 16) + table_size / 2`` (``/ 8`` for tanh), clamped to the table.
+  The float functions come from this machine's libm (``expf`` / ``tanhf`` through ctypes): NumPy's
+  own float32 ``exp`` differs from glibc's in the last bit for some inputs, which can move a table
+  entry by one LSB after rounding into ``table_t``.
+- Output: ``double(result_t)``.
+
+Weights reach the C++ as decimal text: hls4ml prints each float with ``F`` decimals (``F`` = the
+weight type's fraction bits, at least 0) and the firmware converts that text to the type;
+:func:`quantize_like_hls4ml` reproduces that path.
+
+Example::
+
+    from offload.sim.mlp import MlpLayer, simulate
+    layers = [MlpLayer("fc0", "dense", 4, 1, "ap_fixed<16,6>", weight="ap_fixed<8,2>",
+                       bias="ap_fixed<8,2>", accum="ap_fixed<24,10>")]
+    y = simulate("ap_fixed<16,6>", layers, {"fc0.weight": w_raw, "fc0.bias": b_raw}, x)
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from offload.sim.mlp import datapath
+from offload.sim.mlp.datapath import OPS, MlpLayer, _ftype, activation_table, forward, quantize_like_hls4ml
+from offload.sim.mlp.plan import PLAN_MAX_ROWS, plan_for
+
+__all__ = [
+    "OPS",
+    "MlpLayer",
+    "activation_table",
+    "forward",
+    "quantize_like_hls4ml",
+    "simulate",
+]
+
+
+def simulate(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Float64 outputs [B, n_out], bit for bit what hls4ml's C-simulation ``predict`` returns.
+
+    Small batches run the compiled plan of ``(layers, tensors)`` (built at the first call, reused
+    while the same tuple and arrays are passed) when the rows allow it; the rest run :func:`forward`.
+    """
+    if (
+        datapath._FAST_DENSE
+        and isinstance(x, np.ndarray)
+        and x.ndim == 2
+        and 0 < x.shape[0] <= PLAN_MAX_ROWS
+        and layers
+        and x.shape[1] == layers[0].n_in
+    ):
+        plan = plan_for(input_type, layers, tensors)
+        if plan is not None:
+            y = plan.run(x if x.dtype == np.float64 else x.astype(np.float64))
+            if y is not None:
+                return y
+    raw = forward(input_type, layers, tensors, x)
+    last = _ftype(layers[-1].result if layers else input_type)
+    return last.to_float(raw)
