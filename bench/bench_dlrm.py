@@ -19,8 +19,9 @@ FORMATS = ("ap_fixed<16,6>", "ap_fixed<16,2>", "ap_fixed<12,2>", "ap_fixed<8,2>"
 
 def main(argv: list[str] | None = None) -> None:
     import offload
-    from offload.partition.build import table_bytes
     from offload.examples import dlrm
+    from offload.partition.build import table_bytes
+    from offload.quant.metrics import auc
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="10^4..10^6-row tables at dim 32")
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     test = make(a.n_eval, 7)
     with torch.no_grad():
         p_float = model(*test.inputs)
-    auc_f = dlrm.auc(test.labels, p_float)
+    auc_f = auc(test.labels, p_float)
     cfg = model.cfg
     f32 = sum(table_bytes(n, cfg.dim, "ap_fixed<32,16>") for n in cfg.table_rows)
     print(f"DLRM {'full' if a.full else 'small'}: tables {cfg.table_rows} x dim {cfg.dim}, float32 {f32 / 2**20:.1f} MiB; "
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
             p_off = gm(*test.inputs)
         mem = sum(table_bytes(n, cfg.dim, fmt) for n in cfg.table_rows)
         worst = max(d.max_abs_err for d in cmp.local)
-        print(f"| {fmt} | {mem / 2**20:.1f} MiB | {cmp.min_cosine:.6f} | {cmp.max_abs_err:.2e} | {worst:.2e} | {auc_f:.4f} | {dlrm.auc(test.labels, p_off):.4f} |")
+        print(f"| {fmt} | {mem / 2**20:.1f} MiB | {cmp.min_cosine:.6f} | {cmp.max_abs_err:.2e} | {worst:.2e} | {auc_f:.4f} | {auc(test.labels, p_off):.4f} |")
 
 
 if __name__ == "__main__":

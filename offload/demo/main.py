@@ -64,8 +64,9 @@ def section_mlp(console: Console) -> bool:
     import torch
 
     import offload
-    from offload.examples.risk import auc, make_transactions, train_float_model
+    from offload.examples.risk import make_transactions, train_float_model
     from offload.host import open_device
+    from offload.quant.metrics import auc
 
     console.rule("[bold]Scoring MLP: calibrated quantization, bit-exact to hls4ml's C-simulation")
     x, y = make_transactions(14000, seed=0)

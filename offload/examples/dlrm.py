@@ -30,6 +30,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from offload.quant.metrics import auc
+
 __all__ = ["DLRMConfig", "DLRM", "ClickData", "make_clicks", "build", "run", "DLRMResult"]
 
 
@@ -152,13 +154,6 @@ def make_clicks(cfg: DLRMConfig, n: int, seed: int = 0, teacher: _Teacher | None
     logit = logit - np.quantile(logit, 0.75) + rng.normal(0, 0.5, n)
     labels = (rng.random(n) < 1 / (1 + np.exp(-2.0 * logit))).astype(np.float32)
     return ClickData(torch.from_numpy(dense), tuple(indices), tuple(offsets), torch.from_numpy(labels))
-
-
-def auc(labels: Any, scores: Any) -> float:
-    """ROC AUC (rank-sum statistic; ties averaged)."""
-    from offload.examples.risk import auc as _auc
-
-    return _auc(np.asarray(labels), np.asarray(scores))
 
 
 def train(model: DLRM, data: ClickData, steps: int, batch: int = 1024, lr: float = 3e-3, seed: int = 0) -> DLRM:

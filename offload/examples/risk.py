@@ -40,7 +40,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FEATURES", "MODEL_NAME", "make_transactions", "train_float_model", "auc", "build_risk_bundle"]
+from offload.quant.metrics import auc
+
+__all__ = ["FEATURES", "MODEL_NAME", "make_transactions", "train_float_model", "build_risk_bundle"]
 
 MODEL_NAME = "risk"
 FEATURES = (
@@ -106,24 +108,6 @@ def make_transactions(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     )
     y = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
     return x, y
-
-
-def auc(y: np.ndarray, score: np.ndarray) -> float:
-    """ROC AUC via the rank-sum (Mann-Whitney) statistic; ties get their average rank."""
-    y = np.asarray(y).ravel().astype(bool)
-    s = np.asarray(score, dtype=np.float64).ravel()
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s))
-    sorted_s = s[order]
-    # Average ranks over runs of equal scores (quantized outputs tie often).
-    starts = np.flatnonzero(np.r_[True, sorted_s[1:] != sorted_s[:-1]])
-    ends = np.r_[starts[1:], len(s)]
-    avg = (starts + ends + 1) / 2.0
-    ranks[order] = np.repeat(avg, ends - starts)
-    n_pos, n_neg = y.sum(), (~y).sum()
-    if n_pos == 0 or n_neg == 0:
-        raise ValueError("auc: needs both classes")
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def train_float_model(x: np.ndarray, y: np.ndarray, *, hidden=(32, 16), sigmoid: bool = True, epochs: int = 30, seed: int = 0):

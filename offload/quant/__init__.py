@@ -6,7 +6,8 @@ Example::
 """
 
 from offload.quant.drift import CalibrationDriftWarning, check_drift, ks_statistic
-from offload.quant.ptq import QuantizationBudgetWarning, auc, choose_precision, fixed_precision
+from offload.quant.metrics import auc
+from offload.quant.ptq import QuantizationBudgetWarning, choose_precision, fixed_precision
 from offload.quant.report import LayerRow, QuantReport
 
 __all__ = [

@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from offload.quant.drift import check_drift
+from offload.quant.metrics import auc
 from offload.quant.report import LayerRow, QuantReport
 from offload.sim.fixed import FixedType
 from offload.sim.mlp import MlpLayer, forward, quantize_like_hls4ml
@@ -41,7 +42,6 @@ __all__ = [
     "FloatLayer",
     "QuantReport",
     "QuantizationBudgetWarning",
-    "auc",
     "build_layers",
     "choose_precision",
     "fixed_precision",
@@ -105,22 +105,6 @@ def float_forward(layers: Sequence[FloatLayer], x: np.ndarray) -> list[np.ndarra
             v = np.tanh(v)
         outs.append(v)
     return outs
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """ROC AUC (Mann-Whitney with average ranks for ties) of scores against 0/1 labels."""
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    y = np.asarray(labels).ravel() > 0.5
-    npos, nneg = int(y.sum()), int((~y).sum())
-    if npos == 0 or nneg == 0:
-        raise ValueError("AUC needs both positive and negative labels")
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s), dtype=np.float64)
-    sorted_s = s[order]
-    _, first, counts = np.unique(sorted_s, return_index=True, return_counts=True)
-    avg = first + (counts + 1) / 2.0  # 1-based average rank of each tie group
-    ranks[order] = np.repeat(avg, counts)
-    return float((ranks[y].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))
 
 
 # -- types ---------------------------------------------------------------------------------------
@@ -220,7 +204,7 @@ def _run(layers, input_type, types, x):
 
 def _metric(y_fixed, y_float, labels):
     if labels is not None:
-        return auc(y_float[:, 0], labels) - auc(y_fixed[:, 0], labels)
+        return auc(labels, y_float[:, 0]) - auc(labels, y_fixed[:, 0])
     return float(np.max(np.abs(y_fixed - y_float))) if y_fixed.size else 0.0
 
 
@@ -240,7 +224,7 @@ def quant_report(layers, input_type, types, x, labels=None, *, metric_budget=Non
         rows.append(LayerRow(fl.name, fl.op, float(f.min()), float(f.max()), shown, _cosine(fx, f), _sat_share(f, t)))
     y_fixed, y_float = steps[-1][1], flo[-1]
     if labels is not None:
-        name, before, after = "auc", auc(y_float[:, 0], labels), auc(y_fixed[:, 0], labels)
+        name, before, after = "auc", auc(labels, y_float[:, 0]), auc(labels, y_fixed[:, 0])
     else:
         name, before, after = "max_abs_error", 0.0, _metric(y_fixed, y_float, None)
     return QuantReport(rows, name, before, after, metric_budget, cos_threshold, len(x), search or {})

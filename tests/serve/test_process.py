@@ -15,7 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from offload.examples.risk import FEATURES, auc, make_transactions
+from offload.examples.risk import FEATURES, make_transactions
+from offload.quant.metrics import auc
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 OFFLOAD = [sys.executable, "-m", "offload.cli"]

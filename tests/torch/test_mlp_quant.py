@@ -78,14 +78,14 @@ def test_labels_switch_the_budget_to_auc_drop(data):
     mlp = offload.nn.MLP.from_float(seq, calib=data, labels=labels)
     rep = mlp.report
     assert rep.metric == "auc"
-    assert math.isclose(rep.before, auc(p, labels), abs_tol=1e-6)
+    assert math.isclose(rep.before, auc(labels, p), abs_tol=1e-6)
     assert rep.before - rep.after <= rep.budget == 0.002
-    assert math.isclose(rep.after, auc(mlp.simulate(data)[:, 0], labels))
+    assert math.isclose(rep.after, auc(labels, mlp.simulate(data)[:, 0]))
 
 
 def test_auc_handles_ties():
-    assert auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])) == 0.75
-    assert auc(np.array([0.5, 0.5]), np.array([0, 1])) == 0.5
+    assert auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8])) == 0.75
+    assert auc(np.array([0, 1]), np.array([0.5, 0.5])) == 0.5
 
 
 def test_drift_warning_names_the_features(data):

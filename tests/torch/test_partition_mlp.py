@@ -79,7 +79,8 @@ def test_offloaded_chain_is_the_bit_exact_kernel():
 
 
 def test_risk_model_fully_offloaded_keeps_its_auc():
-    from offload.examples.risk import auc, make_transactions, train_float_model
+    from offload.examples.risk import make_transactions, train_float_model
+    from offload.quant.metrics import auc
 
     x, y = make_transactions(17000, seed=0)
     xtr, ytr, xte, yte = x[:12000], y[:12000], x[12000:], y[12000:]
