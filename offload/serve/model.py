@@ -7,8 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from offload.host.bundle import Bundle
 from offload.kernels import Kernel, get_kind
+from offload.kernels.mlp import MlpSpec
 from offload.serve.oip import TensorSpec
+from offload.sim.errors import BundleError, UnsupportedError
 
 __all__ = ["ServedModel", "served_model"]
 
@@ -38,15 +41,7 @@ class ServedModel:
         }
 
 
-def _width(spec: Any, names: tuple[str, ...]) -> int | None:
-    for n in names:
-        v = getattr(spec, n, None)
-        if isinstance(v, (int, np.integer)):
-            return int(v)
-    return None
-
-
-def served_model(bundle: Any) -> ServedModel:
+def served_model(bundle: Bundle) -> ServedModel:
     """Picks the kernel to serve from a bundle (``offload.load(path)``): its only kernel, else the
     kernel named like the bundle.
 
@@ -61,10 +56,8 @@ def served_model(bundle: Any) -> ServedModel:
     elif bundle.name in kernels:
         kernel = kernels[bundle.name]
     else:
-        raise ValueError(f"bundle {bundle.name!r} holds kernels {sorted(kernels)}; the service needs one, or one named {bundle.name!r}")
+        raise BundleError(f"bundle {bundle.name!r} holds kernels {sorted(kernels)}; the service needs one, or one named {bundle.name!r}")
+    if not isinstance(kernel.spec, MlpSpec):
+        raise UnsupportedError(f"kernel {kernel.name!r} is of kind {kernel.kind!r}; the scoring service serves mlp kernels")
     spec = kernel.spec
-    n_in = _width(spec, ("n_in", "in_features", "n_features", "n_inputs"))
-    n_out = _width(spec, ("n_out", "out_features", "n_outputs"))
-    if n_in is None or n_out is None:
-        raise ValueError(f"kernel {kernel.name!r} of kind {kernel.kind!r}: its spec does not say its input and output widths")
-    return ServedModel(bundle.name, kernel, TensorSpec("x", n_in), TensorSpec("y", n_out), dict(getattr(bundle, "meta", {}) or {}))
+    return ServedModel(bundle.name, kernel, TensorSpec("x", spec.n_features), TensorSpec("y", spec.n_outputs), dict(bundle.meta))
