@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from offload.sim import FixedType, add_type, mul_type, sub_type
+from offload.sim import FixedType, _fixed_core, add_type, mul_type, sub_type
 
 from . import csim
 
@@ -154,8 +154,6 @@ def _pattern(raw: np.ndarray, t: FixedType) -> np.ndarray:
 
 
 def _raw(pattern: np.ndarray, t: FixedType) -> np.ndarray:
-    from offload.sim import _fixed_core
-
     return _fixed_core.to_raw(pattern.astype(np.uint64), t)
 
 

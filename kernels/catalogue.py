@@ -34,8 +34,12 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
+from offload.kernels import embedding as emb
+from offload.kernels.mlp import MlpSpec
 from offload.kernels.registry import Kernel, get_kind
 from offload.sim.errors import GoldenError  # noqa: F401  (re-exported: defined once in the hierarchy)
+from offload.sim.fixed import FixedType
+from offload.sim.mlp import MlpLayer
 
 __all__ = [
     "Entry",
@@ -292,8 +296,6 @@ def _emb(mode: str, fmts: str | list[str], dims: int | list[int], bags: str, *, 
 
 
 def _emb_weights(rng: np.random.Generator, fmt: str, rows: int, dim: int) -> np.ndarray:
-    from offload.sim.fixed import FixedType
-
     if fmt == "int8_rowwise":
         # Row-wise quantization adapts to each row's range: give rows very different ranges.
         w = rng.normal(0.0, 1.0, (rows, dim)) * np.exp2(rng.integers(-6, 6, (rows, 1)))
@@ -308,9 +310,6 @@ def _emb_weights(rng: np.random.Generator, fmt: str, rows: int, dim: int) -> np.
 
 
 def _build_embedding(e: Entry, rng: np.random.Generator) -> Case:
-    from offload.kernels import embedding as emb
-    from offload.sim.fixed import FixedType
-
     p = e.params
     tables, weights = [], []
     acc = out = None
@@ -409,8 +408,6 @@ def _mlp(arch: str, precision: str, reuse: int, act: str, *, out_act: str | None
 
 
 def _raw_weights(rng: np.random.Generator, type_text: str, shape: tuple[int, ...]) -> np.ndarray:
-    from offload.sim.fixed import FixedType
-
     t = FixedType.parse(type_text)
     # Trained-network magnitudes (most weights well inside the range) plus both extremes once.
     scale = min(0.5, float(t.max_float) / 4)
@@ -421,8 +418,6 @@ def _raw_weights(rng: np.random.Generator, type_text: str, shape: tuple[int, ...
 
 
 def _activation_layer(name: str, op: str, n: int, result: str):
-    from offload.sim.mlp import MlpLayer
-
     if op == "leaky_relu":
         return MlpLayer(name, op, n, n, result, param="ap_fixed<16,6>", alpha=0.125)
     if op in ("sigmoid", "tanh"):
@@ -432,11 +427,6 @@ def _activation_layer(name: str, op: str, n: int, result: str):
 
 
 def _build_mlp(e: Entry, rng: np.random.Generator) -> Case:
-    from offload.kernels import Kernel
-    from offload.kernels.mlp import MlpSpec
-    from offload.sim.fixed import FixedType
-    from offload.sim.mlp import MlpLayer
-
     p = e.params
     in_t, w_t, b_t, acc_t, res_t = _MLP_PRECISIONS[p["precision"]]
     parts = p["arch"].split("-")

@@ -7,23 +7,34 @@ all in order and exits non-zero when any fails.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
+import tempfile
 import time
 from typing import Callable
 
 import numpy as np
+import torch
 from rich import box
 from rich.console import Console
 from rich.table import Table
+
+import offload
+from offload.demo.partition import partition_demo_section
+from offload.demo.serve import serve_demo_section
+from offload.examples.risk import make_transactions, train_float_model
+from offload.hls import csim
+from offload.hls.fixed_proof import Case, run_cases
+from offload.host import open_device
+from offload.quant.metrics import auc
+from offload.sim import FixedType
 
 __all__ = ["SECTIONS", "run_demo", "section_fixed_point", "section_mlp", "section_partition", "section_serve"]
 
 
 def section_fixed_point(console: Console) -> bool:
     """Quantize a few values into ap_fixed formats with offload.sim, then re-check them in C++ ap_types."""
-    from offload.hls import csim
-    from offload.hls.fixed_proof import Case, run_cases
-    from offload.sim import FixedType
 
     console.rule("[bold]Fixed-point: offload.sim.FixedType vs ap_types")
     formats = [
@@ -57,16 +68,6 @@ def section_fixed_point(console: Console) -> bool:
 
 def section_mlp(console: Console) -> bool:
     """Quantize the risk-scoring MLP with calibration, then check it bit for bit against hls4ml and the emu device."""
-    import contextlib
-    import io
-    import tempfile
-
-    import torch
-
-    import offload
-    from offload.examples.risk import make_transactions, train_float_model
-    from offload.host import open_device
-    from offload.quant.metrics import auc
 
     console.rule("[bold]Scoring MLP: calibrated quantization, bit-exact to hls4ml's C-simulation")
     x, y = make_transactions(14000, seed=0)
@@ -101,14 +102,10 @@ def section_mlp(console: Console) -> bool:
 
 
 def section_partition(console: Console) -> bool:
-    from offload.demo.partition import partition_demo_section
-
     return partition_demo_section(console)
 
 
 def section_serve(console: Console) -> bool:
-    from offload.demo.serve import serve_demo_section
-
     return serve_demo_section(console)
 
 

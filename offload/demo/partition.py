@@ -14,6 +14,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+import offload
+from offload.examples.dlrm import run
+
 __all__ = ["partition_demo_section"]
 
 _LSB = 2.0**-10  # ap_fixed<16,6>
@@ -21,8 +24,6 @@ _LSB = 2.0**-10  # ap_fixed<16,6>
 
 def partition_demo_section(console: Console | None = None, full: bool | None = None) -> bool:
     """Train a DLRM, offload its 8 tables (one table-batched call on the sim device), compare, advise."""
-    import offload
-    from offload.examples.dlrm import run
 
     console = console or Console()
     full = os.environ.get("OFFLOAD_DEMO_FULL") == "1" if full is None else full

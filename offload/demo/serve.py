@@ -11,7 +11,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
+import tritonclient.http as tc
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from offload.examples.risk import build_risk_bundle, make_transactions
+from offload.host import open_device
+from offload.loadgen.openloop import run_load, write_report
 
 __all__ = ["serve_demo_section"]
 
@@ -30,15 +39,6 @@ def serve_demo_section(console=None, *, rate: float = 300.0, duration: float = 3
     service does not shut down cleanly. Usable as an ``offload demo`` section (``console`` is a
     rich Console; one is made when omitted).
     """
-    import httpx
-    import tritonclient.http as tc
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    from offload.examples.risk import build_risk_bundle, make_transactions
-    from offload.host import open_device
-    from offload.loadgen.openloop import run_load, write_report
 
     console = console or Console()
     console.rule("[bold]Scoring service: the risk MLP over KServe/Triton OIP v2")

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+import offload
 from offload.quant.metrics import auc
 
 __all__ = ["DLRMConfig", "DLRM", "ClickData", "make_clicks", "build", "run", "DLRMResult"]
@@ -220,7 +222,6 @@ def run(small: bool = False, device: str = "sim", dense_device: str = "cpu", n_e
 
         res = run(small=True); print(res.summary())
     """
-    import offload
 
     model, make = build(small=small, seed=seed, steps=steps)
     model = model.to(dense_device)
@@ -235,8 +236,6 @@ def run(small: bool = False, device: str = "sim", dense_device: str = "cpu", n_e
 
 
 def main() -> None:  # pragma: no cover - exercised by examples/dlrm.py and the demo
-    import argparse
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="10^3..10^4-row tables (seconds) instead of 10^4..10^6")
     ap.add_argument("--device", default="sim")

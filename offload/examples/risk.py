@@ -39,7 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch import nn
 
+import offload
 from offload.quant.metrics import auc
 
 __all__ = ["FEATURES", "MODEL_NAME", "make_transactions", "train_float_model", "build_risk_bundle"]
@@ -112,8 +115,6 @@ def make_transactions(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 def train_float_model(x: np.ndarray, y: np.ndarray, *, hidden=(32, 16), sigmoid: bool = True, epochs: int = 30, seed: int = 0):
     """A torch ``Sequential`` 16-32-16-1 (ReLU), trained with Adam on BCE; sigmoid output unless told not."""
-    import torch
-    from torch import nn
 
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
@@ -144,9 +145,6 @@ def build_risk_bundle(out: str | Path, *, seed: int = 0, n_train: int = 20000, n
     The bundle's model name is ``risk``; its meta records the feature names and both AUCs on a
     held-out set (float model, and the quantized model as the sim device computes it).
     """
-    import torch
-
-    import offload
 
     x, y = make_transactions(n_train + n_test, seed)
     xtr, ytr, xte, yte = x[:n_train], y[:n_train], x[n_train:], y[n_train:]

@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from offload.kernels.mlp import MlpSpec
 from offload.quant.drift import check_drift
 from offload.quant.metrics import auc
 from offload.quant.report import LayerRow, QuantReport
@@ -325,7 +326,6 @@ def _types_for(layers, plan: _Plan, f_in: int, f_par: list[int], f_res: list[int
 def _widest_valid(layers, plan: _Plan, table_size: int, n_features: int) -> int:
     """The most fraction bits (<= _F_MAX) for which every width stays within the 62-bit datapath
     (huge calibration ranges need many integer bits, leaving fewer for fractions)."""
-    from offload.kernels.mlp import MlpSpec
 
     n = len(layers)
     for f in range(_F_MAX, -1, -1):

@@ -15,7 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rich.table import Table
+
 from offload.render import RichReport
+from offload.sim.fixed import FixedType
 
 __all__ = ["LayerRow", "QuantReport"]
 
@@ -56,8 +59,6 @@ class QuantReport(RichReport):
         return p
 
     def table(self):
-        from rich.table import Table
-
         t = Table(title=f"offload quantization report ({self.rows} calibration rows)")
         for col in ("layer", "op", "observed min", "observed max", "weight|scale|param|table", "bias", "accum", "result", "cosine", "saturated"):
             t.add_column(col, justify="right" if col in ("observed min", "observed max", "cosine", "saturated") else "left")
@@ -84,7 +85,6 @@ class QuantReport(RichReport):
             import matplotlib.pyplot as plt
         except ImportError as e:  # pragma: no cover - matplotlib is in the dev extra
             raise ImportError("saving the report as PNG needs matplotlib (pip install 'offload[dev]')") from e
-        from offload.sim.fixed import FixedType
 
         names = [r.name for r in self.layers]
         widths = [FixedType.parse(r.types["result"]).width for r in self.layers]
