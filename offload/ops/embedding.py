@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from offload.ops.autograd import register_inference_only
 from offload.ops.resident import get_resident
 
 __all__ = ["lookup_numpy"]
@@ -109,3 +110,5 @@ _lib.impl("embedding_lookup", _impl_single, "CompositeExplicitAutograd")
 _lib.impl("embedding_lookup_tbe", _impl, "CompositeExplicitAutograd")
 torch.library.register_fake("offload::embedding_lookup", _fake, lib=_lib)
 torch.library.register_fake("offload::embedding_lookup_tbe", _fake, lib=_lib)
+register_inference_only("offload::embedding_lookup", _lib)
+register_inference_only("offload::embedding_lookup_tbe", _lib)

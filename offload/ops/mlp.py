@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from offload.ops.autograd import register_inference_only
 from offload.ops.resident import get_resident
 
 __all__ = ["score_numpy"]
@@ -58,3 +59,4 @@ def _fake(rid: int, x: torch.Tensor) -> torch.Tensor:
 
 _lib.impl("mlp_score", _impl, "CompositeExplicitAutograd")
 torch.library.register_fake("offload::mlp_score", _fake, lib=_lib)
+register_inference_only("offload::mlp_score", _lib)
