@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from offload.kernels.registry import Kernel, Registry
-from offload.sim.errors import DeviceError, DeviceTimeout  # noqa: F401  (re-exported: defined once in the hierarchy)
+from offload.sim.errors import DeviceError, DeviceTimeout, InputError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
 __all__ = [
     "Device",
@@ -100,7 +100,7 @@ def open_device(spec: str | None = None) -> Device:
     spec = (spec or os.environ.get("OFFLOAD_DEVICE") or "sim").strip()
     prefix = spec.split(":", 1)[0]
     if prefix not in DEVICES:
-        raise ValueError(f"device {spec!r}: unknown backend {prefix!r}; known: {DEVICES.names()}")
+        raise InputError(f"device {spec!r}: unknown backend {prefix!r}; known: {DEVICES.names()}")
     return DEVICES.get(prefix)(spec)
 
 

@@ -25,10 +25,8 @@ _LAZY = {
     "offload": "offload.partition",
     "compare": "offload.partition",
     "advise": "offload.advisor",
+    "OffloadError": "offload.sim.errors",
 }
-
-# The error hierarchy is torch-free and tiny, so it is imported eagerly: ``except offload.OffloadError``.
-from offload.sim.errors import OffloadError  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

@@ -62,12 +62,15 @@ register_device("flaky")(FlakyDevice)
 
 
 class GatedDevice(SimDevice):
-    """A sim device whose runs block until ``gate`` is set: lets a test fill the queue."""
+    """A sim device whose runs block until ``gate`` is set: lets a test fill the queue.
+    ``entered`` is set when the first run arrives (a test can time the stall from it)."""
 
     gate = threading.Event()
+    entered = threading.Event()
     batches: list[int] = []
 
     def run(self, handle, inputs, timeout=None):
+        GatedDevice.entered.set()
         GatedDevice.gate.wait(timeout=30)
         GatedDevice.batches.append(inputs["x"].shape[0])
         return super().run(handle, inputs, timeout)

@@ -1,13 +1,12 @@
-"""CLI subcommands of the scoring service: ``offload serve``, ``offload bench``, ``offload example``."""
+"""``offload serve``: the scoring service over a bundle (OIP v2), on uvicorn or Ray Serve."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import click
 
-__all__ = ["serve_cmd", "bench_cmd", "example_cmd"]
+__all__ = ["serve_cmd"]
 
 
 @click.command("serve")
@@ -24,7 +23,7 @@ __all__ = ["serve_cmd", "bench_cmd", "example_cmd"]
 @click.option("--ray", "use_ray", is_flag=True, help="Deploy with Ray Serve instead (one replica per card).")
 @click.option("--replicas", default=1, show_default=True, type=int, help="Ray Serve replicas.")
 @click.option("--ray-resource", default="fpga", show_default=True, help="Ray custom resource that marks a host's cards.")
-@click.option("--log-level", default="warning", show_default=True)
+@click.option("--log-level", default="warning", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
 def serve_cmd(bundle, host, port, device, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, use_ray, replicas, ray_resource, log_level):
     """Serve BUNDLE over the Open Inference Protocol v2 (KServe/Triton HTTP/REST)."""
     from offload.serve.config import ServeConfig
@@ -50,40 +49,3 @@ def serve_cmd(bundle, host, port, device, max_batch_size, max_queue_delay_us, ma
 
     click.echo(f"offload serve: {bundle} on http://{host}:{port} (device {device}, max batch {max_batch_size}, delay {max_queue_delay_us} us)", err=True)
     serve(bundle, cfg, host=host, port=port, log_level=log_level)
-
-
-@click.command("bench")
-@click.argument("url")
-@click.option("--rate", required=True, type=float, help="Requests per second (constant, open loop).")
-@click.option("--duration", required=True, type=float, help="Seconds of load.")
-@click.option("--batch", default=1, show_default=True, type=int, help="Rows per request.")
-@click.option("--model", default=None, help="Model name, when URL is just http://HOST:PORT.")
-@click.option("--api-key", default=None, envvar="OFFLOAD_API_KEY")
-@click.option("--out", default="offload-bench", show_default=True, help="Writes OUT.json and OUT.png.")
-def bench_cmd(url, rate, duration, batch, model, api_key, out):
-    """Open-loop load on URL (http://127.0.0.1:PORT/v2/models/NAME): latency percentiles and throughput."""
-    from offload.loadgen.openloop import run_load, write_report
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    try:
-        res = asyncio.run(run_load(url, rate, duration, batch=batch, model=model, headers=headers))
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-    except RuntimeError as e:
-        raise click.ClickException(str(e)) from None
-    write_report(res, f"{out}.json", f"{out}.png")
-    click.echo(res.summary())
-    click.echo(f"  wrote {out}.json and {out}.png")
-
-
-@click.command("example")
-@click.argument("name", type=click.Choice(["risk"]))
-@click.argument("out", type=click.Path(file_okay=False))
-@click.option("--seed", default=0, show_default=True, type=int)
-def example_cmd(name, out, seed):
-    """Train and write an example bundle (``risk``: a transaction-risk MLP) to OUT."""
-    from offload.examples.risk import build_risk_bundle
-
-    b = build_risk_bundle(out, seed=seed)
-    m = b.meta
-    click.echo(f"wrote {out}: model {b.name!r}, {len(m['features'])} features, AUC float {m['auc_float']:.4f}, quantized {m['auc_quantized']:.4f}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -56,15 +57,21 @@ def test_cli_bench_counts_and_reports(bundle, tmp_path):
 
 
 def test_latency_counts_from_the_due_time_not_the_send_time(bundle):
-    # The device is blocked for the first second. An open-loop tool keeps sending on schedule and
-    # charges every request the time since it was DUE. The gate opens >= 1.0 s after the timer
-    # starts and the schedule starts within ~0.3 s of it (one metadata GET), so >= 45 requests are
-    # due >= 0.25 s before any answer can come: each must show >= 0.25 s. A closed-loop tool would
-    # record one slow request and simply send fewer.
+    # The device is blocked for a second from the first request it sees. An open-loop tool keeps
+    # sending on schedule and charges every request the time since it was DUE: the ~75 requests
+    # due in the first 0.75 s of the stall each wait >= 0.25 s. A closed-loop tool would record
+    # one slow request and simply send fewer. (Timed from the device's first call, not from the
+    # test's clock: on a loaded machine the tool's start-up alone can take a second.)
     standin.GatedDevice.gate.clear()
+    standin.GatedDevice.entered.clear()
     svc = ScoringService(bundle, ServeConfig(device="gated", max_batch_size=64, request_timeout_ms=30000))
     with live(svc.app) as url:
-        timer = threading.Timer(1.0, standin.GatedDevice.gate.set)
+        def open_gate_a_second_after_the_first_call():
+            standin.GatedDevice.entered.wait(timeout=30)
+            time.sleep(1.0)
+            standin.GatedDevice.gate.set()
+
+        timer = threading.Thread(target=open_gate_a_second_after_the_first_call)
         timer.start()
         res = asyncio.run(run_load(f"http://{url}/v2/models/risk", 100, 1.5, timeout=30))
         timer.join()
