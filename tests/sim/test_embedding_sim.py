@@ -4,6 +4,8 @@ bounds derived from the formats."""
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -59,7 +61,7 @@ def _slow_reference(spec, tensors, inputs):
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_vectorised_reference_matches_per_bag_model(name):
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))  # stable across processes, unlike hash()
     spec = SPECS[name]()
     kernel = make_kernel("k", spec, _tables(rng, spec, scale=4.0 if "sat" in name or "wrap" in name else 1.0))
     for B, max_len, weighted in [(7, spec.max_bag_size, spec.mode == "sum"), (13, 3, False), (1, spec.max_bag_size, False), (0, 1, False)]:
@@ -216,9 +218,6 @@ def test_float_sum_guard_threshold_is_tight():
     assert E._exact_float_dtype(2, 2**52) == np.float64  # = 2^53
     assert E._exact_float_dtype(3, 2**52) is None
     assert E._exact_float_dtype(5, None) is None
-    # Just past each bound the float sum really is wrong, so taking it there would be a bug.
-    assert int(np.float32(2**23 - 1) + np.float32(2**23 - 1) + np.float32(3)) != 2**24 + 1
-    assert float(2**52 - 1) + float(2**52 - 1) + 3.0 != 2**53 + 1
 
 
 @pytest.mark.parametrize("width, bag, dtype", [(24, 2, "float32"), (24, 3, "float64"), (53, 2, "float64"), (53, 3, None)])
