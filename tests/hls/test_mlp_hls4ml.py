@@ -18,6 +18,7 @@ import offload
 from mlp_cases import adversarial_inputs, random_spec
 from offload.hls.mlp import build_model
 from offload.sim.mlp import forward, simulate
+from offload.sim.mlp.plan import PLAN_MAX_ROWS, plan_for
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -40,8 +41,15 @@ def test_random_spec_matches_hls4ml_100k_rows(seed, tmp_path):
     # Float weights (not the dequantized raws): hls4ml prints and re-reads them itself.
     model = build_model(spec, tmp_path, float_weights=floats)
     y_hls = _predict(model, x)
-    y_sim = simulate(spec.input_type, spec.layers, spec.tensors(), x)
+    tensors = spec.tensors()
+    y_sim = simulate(spec.input_type, spec.layers, tensors, x)
     _assert_same(y_sim, y_hls)
+    # Small batches take the compiled plan (float64 steps guarded by exactness bounds): the same
+    # rows through it, against hls4ml directly rather than against the general path.
+    assert plan_for(spec.input_type, spec.layers, tensors) is not None
+    n = 150 * PLAN_MAX_ROWS
+    y_plan = np.concatenate([simulate(spec.input_type, spec.layers, tensors, x[i : i + PLAN_MAX_ROWS]) for i in range(0, n, PLAN_MAX_ROWS)])
+    _assert_same(y_plan, y_hls[:n])
     # float32 rows go through the bridge's float entry point: input_t(float) is input_t(double(f)),
     # outputs come back as result_t.to_float() (round to nearest even, as NumPy's float64->float32).
     x32 = x.astype(np.float32)
