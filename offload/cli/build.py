@@ -12,9 +12,9 @@ from typing import Any
 
 import click
 
-__all__ = ["build_cmd", "info_cmd", "devices_cmd"]
+from offload.hls.cards import CARDS
 
-_CARDS = ("u50", "u55c", "u250", "u280")
+__all__ = ["build_cmd", "info_cmd", "devices_cmd"]
 
 
 def _console():
@@ -34,7 +34,7 @@ def _load_bundle(path: str):
 
 @click.command("build")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
-@click.option("--target", required=True, type=click.Choice(_CARDS), help="Alveo card.")
+@click.option("--target", required=True, type=click.Choice(tuple(CARDS)), help="Alveo card.")
 @click.option("--platform", default=None, help="Platform name (default: the card's usual platform).")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Directory for the Vitis project.")
 @click.option("--vitis", is_flag=True, help="Run v++ (compile, link) when it is on PATH; record the xclbin in the bundle.")
