@@ -1,6 +1,7 @@
 """Vitis projects for a bundle: write them, C-simulate their kernels, run v++ when it is there.
 
-``write_project`` lays out a complete Vitis project for one card::
+``write_project`` lays out a complete Vitis project for one card of :data:`offload.hls.cards.CARDS`
+(its default platform, memory banks and SLRs come from there)::
 
     OUT/
       README.md            what this is and how to build it on a Vitis machine
@@ -42,7 +43,9 @@ import numpy as np
 from offload.hls import csim
 from offload.hls.cards import CARDS, Card
 from offload.hls.connectivity import embedding_connectivity
+from offload.hls.ctop import load_top
 from offload.hls.registry import get_hls_kind
+from offload.hls.reports import ReportError, parse_report
 from offload.kernels.registry import get_kind
 from offload.sim.errors import BuildError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
@@ -463,8 +466,6 @@ class GoldenResult:
 
 
 def _run_top(kernel: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from offload.hls.ctop import load_top
-
     hk = get_hls_kind(kernel.kind)
     top = load_top(kernel.spec)
     resident = hk.pack_resident(kernel.spec, kernel.tensors)
@@ -571,8 +572,6 @@ def run_vitis(
 
 def collect_reports(project: Project, target: str = "hw") -> dict[str, dict]:
     """Parsed C-synthesis summaries per top function found under the build's temp dir (may be empty)."""
-    from offload.hls.reports import ReportError, parse_report
-
     found: dict[str, dict] = {}
     base = project.root / "build" / target / "_x"
     for pk in project.kernels:

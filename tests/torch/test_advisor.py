@@ -138,6 +138,10 @@ def test_cli_advise_json():
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["card"]["name"] == "u250" and data["batch_sizes"] == [1, 32]
+    # The card budget keeps its flat keys; U250 per DS962: 64 GB DDR4 in 4 channels, no HBM, 12,288 DSP.
+    assert data["card"] == {"name": "u250", "datasheet": "DS962", "dsp": 12288, "bram36": 2688, "uram": 1280, "lut": 1_728_000,
+                            "hbm_bytes": 0, "hbm_channels": 0, "hbm_channel_bps": 0.0, "ddr_bytes": 64 << 30, "ddr_channels": 4,
+                            "pcie_bps": 12e9, "kernel_clock_hz": 300e6}
     assert {r["kind"] for r in data["rows"]} == {"mlp"} and len(data["rows"]) == 2
     bad = CliRunner().invoke(main, ["advise", "risk", "--batch-sizes", "0"])
     assert bad.exit_code != 0 and "batch" in bad.output
