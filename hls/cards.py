@@ -111,8 +111,9 @@ class Card:
 
     @property
     def memory(self) -> Memory:
-        """The memory kernel buffers go to: HBM where the card has it (it is what the default
-        platform connects kernels to; a U280's DDR stays for the host's use), else DDR."""
+        """The memory the project writer and the bank placer put kernel buffers in: HBM where the
+        card has it (more banks, more bandwidth), else DDR. A U280's DDR is not used for them,
+        although :attr:`memory_bytes` counts it."""
         mem = self.hbm or self.ddr
         if mem is None:
             raise InputError(f"card {self.name!r}: has neither HBM nor DDR")
