@@ -1,20 +1,29 @@
-"""Alveo card budgets and the timing constants the offload advisor's analytical model uses.
+"""The one table of Alveo card and platform facts, and the timing constants the advisor's model uses.
+
+Each card's part, default platform, SLRs, fabric budget (DSP, BRAM36, URAM, LUT), off-chip memory
+banks (count, bytes, bandwidth, the SLR each hangs off), PCIe link and kernel clock live here and
+nowhere else: the Vitis project writer (:mod:`offload.hls.build`), the bank placer
+(:mod:`offload.hls.connectivity`), the partitioner and the advisor all read this table. Units:
+bytes, bytes/s, seconds, Hz.
 
 Every number carries its source. Datasheet figures are exact; the host-side overheads (PCIe
 efficiency, per-transfer and kernel-launch latency) and the HBM/DDR random-access latency are
 published measurements or documented defaults, and are the first thing to replace with numbers
-measured on the user's own card (``Card`` is a plain dataclass: ``dataclasses.replace`` it).
+measured on the user's own card (``Card`` and ``Memory`` are plain frozen dataclasses:
+``dataclasses.replace`` them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Card", "CARDS", "get_card", "PCIE_GEN3_X16_EFFECTIVE_BPS", "PCIE_GEN4_X8_EFFECTIVE_BPS",
-           "PCIE_TRANSFER_LATENCY_S", "KERNEL_LAUNCH_S", "HBM_RANDOM_READ_LATENCY_S", "DDR_RANDOM_READ_LATENCY_S",
-           "M_AXI_OUTSTANDING_READS", "HBM_PC_BPS", "DDR4_CHANNEL_BPS"]
+from offload.sim.errors import InputError, InputTypeError
 
-_GB = 1 << 30
+__all__ = ["Memory", "Card", "CARDS", "get_card", "PCIE_GEN3_X16_EFFECTIVE_BPS",
+           "PCIE_TRANSFER_LATENCY_S", "KERNEL_LAUNCH_S", "HBM_RANDOM_READ_LATENCY_S", "DDR_RANDOM_READ_LATENCY_S",
+           "M_AXI_OUTSTANDING_READS", "DDR4_CHANNEL_BPS"]
+
+_GiB = 1 << 30
 
 # --- host <-> card -------------------------------------------------------------------------------
 # PCIe Gen3 x16: 8 GT/s x 16 lanes x 128b/130b = 15.75 GB/s raw per direction (PCI-SIG Gen3 spec).
@@ -22,8 +31,8 @@ _GB = 1 << 30
 # with `xbutil dma test` (its Fig. 1 is such a run on a U200). We assume 12 GB/s, ~76 % of raw,
 # the usual order for XDMA on Gen3 x16; replace with the user's own `xbutil` figure.
 PCIE_GEN3_X16_EFFECTIVE_BPS = 12.0e9
-# U55C's Gen4 x8 link has the same raw rate as Gen3 x16 (16 GT/s x 8), so the same effective figure.
-PCIE_GEN4_X8_EFFECTIVE_BPS = 12.0e9
+# Every default platform below is a gen3x16 shell (its name says so). The U55C and U50 can also
+# train Gen4 x8 (DS978, DS965), the same raw rate (16 GT/s x 8), so the same effective figure.
 # Fixed cost of one host<->card buffer sync (xrt::bo::sync: DMA descriptor setup + completion).
 # Vitis guidance ("PCIe Transfer Write Bandwidth", UG1315) flags transfers below ~4 KB as
 # inefficient, i.e. a fixed cost well above the 0.3 us that 4 KB take on the wire. 10 us is our
@@ -38,8 +47,7 @@ KERNEL_LAUNCH_S = 50e-6
 # --- card memory ---------------------------------------------------------------------------------
 # HBM2 on U50/U55C/U280: 32 pseudo channels, 14.375 GB/s max theoretical each, 460 GB/s total
 # (UG1393 "HBM Configuration and Use"). U50's datasheet (DS965) states 316 GB/s because its HBM runs
-# at a lower clock: 316/32 = 9.875 GB/s per PC.
-HBM_PC_BPS = 14.375e9
+# at a lower clock: 316/32 = 9.875 GB/s per PC. The table below holds each card's datasheet total.
 # DDR4-2400 x 64 bit = 19.2 GB/s per channel; UG1393 quotes 19.25 GB/s per DDR channel and
 # 77 GB/s for the four channels of a U250/U200.
 DDR4_CHANNEL_BPS = 19.25e9
@@ -57,58 +65,113 @@ M_AXI_OUTSTANDING_READS = 16
 
 
 @dataclass(frozen=True)
+class Memory:
+    """One kind of off-chip memory of a card: ``banks`` banks named ``{kind}[i]`` (the names
+    ``v++ --connectivity.sp`` takes), each ``bank_bytes`` bytes and ``bank_bps`` bytes/s, bank i
+    attached next to SLR ``slr_of_bank[i]``."""
+
+    kind: str  # "HBM" (pseudo channels) or "DDR" (channels)
+    banks: int
+    bank_bytes: int
+    bank_bps: float
+    slr_of_bank: tuple[int, ...]
+    random_read_latency_s: float
+
+    def __post_init__(self) -> None:
+        if len(self.slr_of_bank) != self.banks:
+            raise InputError(f"slr_of_bank: {len(self.slr_of_bank)} entries for {self.banks} {self.kind} banks")
+
+    @property
+    def bytes(self) -> int:
+        return self.banks * self.bank_bytes
+
+    @property
+    def bps(self) -> float:
+        return self.banks * self.bank_bps
+
+
+@dataclass(frozen=True)
 class Card:
-    """One Alveo card's budget. Memory sizes in bytes, bandwidths in bytes/s, clock in Hz."""
+    """One Alveo card: FPGA part, default Vitis platform, fabric budget, memories, PCIe and clock."""
 
     name: str
     datasheet: str
+    part: str  # the FPGA part HLS synthesises for (set_part)
+    platform: str  # the default platform (xpfm) v++ --platform links against
+    slrs: int
     dsp: int
     bram36: int
     uram: int
     lut: int
-    hbm_bytes: int
-    hbm_channels: int
-    hbm_channel_bps: float
-    ddr_bytes: int
-    ddr_channels: int
-    pcie_bps: float
+    hbm: Memory | None
+    ddr: Memory | None
+    pcie: str  # the link the default platform trains
+    pcie_bps: float  # effective host<->card DMA rate, one direction
     kernel_clock_hz: float
+
+    @property
+    def memory(self) -> Memory:
+        """The memory the project writer and the bank placer put kernel buffers in: HBM where the
+        card has it (more banks, more bandwidth), else DDR. A U280's DDR is not used for them,
+        although :attr:`memory_bytes` counts it."""
+        mem = self.hbm or self.ddr
+        if mem is None:
+            raise InputError(f"card {self.name!r}: has neither HBM nor DDR")
+        return mem
 
     @property
     def memory_bytes(self) -> int:
         """Off-chip memory a resident table can live in (HBM plus DDR)."""
-        return self.hbm_bytes + self.ddr_bytes
+        return sum(m.bytes for m in (self.hbm, self.ddr) if m is not None)
 
-    @property
-    def memory_channels(self) -> int:
-        return self.hbm_channels + self.ddr_channels
+
+def _hbm(total_bytes: int, total_bps: float) -> Memory:
+    # HBM2 on these cards: 32 pseudo channels (UG1393 "HBM Configuration and Use"), all under the
+    # bottom SLR: the HBM stacks sit below SLR0 (UG1120 platform pages: HBM[0:31] in SLR0).
+    return Memory("HBM", 32, total_bytes // 32, total_bps / 32, (0,) * 32, HBM_RANDOM_READ_LATENCY_S)
+
+
+def _ddr(slr_of_bank: tuple[int, ...], bank_bytes: int) -> Memory:
+    return Memory("DDR", len(slr_of_bank), bank_bytes, DDR4_CHANNEL_BPS, slr_of_bank, DDR_RANDOM_READ_LATENCY_S)
 
 
 # Kernel clock: the Vitis default for Alveo platforms is 300 MHz (UG1393, "--kernel_frequency";
 # xilinx_u55c/u280/u250/u50 platforms ship a 300 MHz kernel clock, UG1120 platform pages).
 _CLOCK = 300e6
+# Parts: the FPGA each card carries, spelled as Vivado/Vitis HLS take it (set_part); the same
+# spellings as hls4ml's supported Alveo boards. Platforms: the gen3x16 XDMA shells AMD ships for
+# each card (UG1120 "Alveo Data Center Accelerator Card Platforms", per-card platform pages, which
+# also give the SLR count and which SLR each memory bank is attached to).
 
+# Ordered as `offload build --target` has always listed them.
 CARDS: dict[str, Card] = {
+    # DS965 (Alveo U50 data sheet): XCU50, 872K LUTs, 5,952 DSP, 1,344 BRAM36, 640 URAM,
+    # 8 GB HBM2 (32 x 256 MB PCs), 316 GB/s; PCIe Gen3 x16 (Gen4 x8). UG1120: 2 SLRs.
+    "u50": Card("u50", "DS965", "xcu50-fsvh2104-2-e", "xilinx_u50_gen3x16_xdma_5_202210_1", slrs=2,
+                dsp=5952, bram36=1344, uram=640, lut=872_000,
+                hbm=_hbm(8 * _GiB, 316e9), ddr=None,
+                pcie="Gen3 x16", pcie_bps=PCIE_GEN3_X16_EFFECTIVE_BPS, kernel_clock_hz=_CLOCK),
     # DS978 (Alveo U55C data sheet): XCU55C, 1,304K LUTs, 9,024 DSP slices, 2,016 BRAM36 (70.9 Mb),
     # 960 URAM (270 Mb), 16 GB HBM2 in 32 x 512 MB pseudo channels, 460 GB/s; PCIe Gen3 x16 / Gen4 x8.
-    "u55c": Card("u55c", "DS978", dsp=9024, bram36=2016, uram=960, lut=1_304_000,
-                 hbm_bytes=16 * _GB, hbm_channels=32, hbm_channel_bps=HBM_PC_BPS,
-                 ddr_bytes=0, ddr_channels=0, pcie_bps=PCIE_GEN4_X8_EFFECTIVE_BPS, kernel_clock_hz=_CLOCK),
-    # DS963 (Alveo U280 data sheet): XCU280, 1,304K LUTs, 9,024 DSP, 2,016 BRAM36, 960 URAM,
-    # 8 GB HBM2 (32 x 256 MB PCs, 460 GB/s) + 32 GB DDR4 in 2 channels (38 GB/s); PCIe Gen3 x16.
-    "u280": Card("u280", "DS963", dsp=9024, bram36=2016, uram=960, lut=1_304_000,
-                 hbm_bytes=8 * _GB, hbm_channels=32, hbm_channel_bps=HBM_PC_BPS,
-                 ddr_bytes=32 * _GB, ddr_channels=2, pcie_bps=PCIE_GEN3_X16_EFFECTIVE_BPS, kernel_clock_hz=_CLOCK),
+    # UG1120: 3 SLRs.
+    "u55c": Card("u55c", "DS978", "xcu55c-fsvh2892-2L-e", "xilinx_u55c_gen3x16_xdma_3_202210_1", slrs=3,
+                 dsp=9024, bram36=2016, uram=960, lut=1_304_000,
+                 hbm=_hbm(16 * _GiB, 460e9), ddr=None,
+                 pcie="Gen3 x16", pcie_bps=PCIE_GEN3_X16_EFFECTIVE_BPS, kernel_clock_hz=_CLOCK),
     # DS962 (Alveo U200/U250 data sheet), U250: XCU250, 1,728K LUTs, 12,288 DSP, 2,688 BRAM36,
-    # 1,280 URAM, 64 GB DDR4 in 4 channels, 77 GB/s; PCIe Gen3 x16. No HBM.
-    "u250": Card("u250", "DS962", dsp=12288, bram36=2688, uram=1280, lut=1_728_000,
-                 hbm_bytes=0, hbm_channels=0, hbm_channel_bps=0.0,
-                 ddr_bytes=64 * _GB, ddr_channels=4, pcie_bps=PCIE_GEN3_X16_EFFECTIVE_BPS, kernel_clock_hz=_CLOCK),
-    # DS965 (Alveo U50 data sheet): XCU50, 872K LUTs, 5,952 DSP, 1,344 BRAM36, 640 URAM,
-    # 8 GB HBM2 (32 x 256 MB PCs), 316 GB/s; PCIe Gen3 x16 (Gen4 x8).
-    "u50": Card("u50", "DS965", dsp=5952, bram36=1344, uram=640, lut=872_000,
-                hbm_bytes=8 * _GB, hbm_channels=32, hbm_channel_bps=316e9 / 32,
-                ddr_bytes=0, ddr_channels=0, pcie_bps=PCIE_GEN3_X16_EFFECTIVE_BPS, kernel_clock_hz=_CLOCK),
+    # 1,280 URAM, 64 GB DDR4 in 4 channels of 16 GB (DDR4-2400), 77 GB/s; PCIe Gen3 x16. No HBM.
+    # UG1120: 4 SLRs, DDR[i] attached to SLR i.
+    "u250": Card("u250", "DS962", "xcu250-figd2104-2L-e", "xilinx_u250_gen3x16_xdma_4_1_202210_1", slrs=4,
+                 dsp=12288, bram36=2688, uram=1280, lut=1_728_000,
+                 hbm=None, ddr=_ddr((0, 1, 2, 3), 16 * _GiB),
+                 pcie="Gen3 x16", pcie_bps=PCIE_GEN3_X16_EFFECTIVE_BPS, kernel_clock_hz=_CLOCK),
+    # DS963 (Alveo U280 data sheet): XCU280, 1,304K LUTs, 9,024 DSP, 2,016 BRAM36, 960 URAM,
+    # 8 GB HBM2 (32 x 256 MB PCs, 460 GB/s) + 32 GB DDR4 in 2 channels of 16 GB (38 GB/s); PCIe
+    # Gen3 x16. UG1120: 3 SLRs, DDR[0] attached to SLR0, DDR[1] to SLR1.
+    "u280": Card("u280", "DS963", "xcu280-fsvh2892-2L-e", "xilinx_u280_gen3x16_xdma_1_202211_1", slrs=3,
+                 dsp=9024, bram36=2016, uram=960, lut=1_304_000,
+                 hbm=_hbm(8 * _GiB, 460e9), ddr=_ddr((0, 1), 16 * _GiB),
+                 pcie="Gen3 x16", pcie_bps=PCIE_GEN3_X16_EFFECTIVE_BPS, kernel_clock_hz=_CLOCK),
 }
 
 
@@ -117,8 +180,8 @@ def get_card(card: str | Card) -> Card:
     if isinstance(card, Card):
         return card
     if not isinstance(card, str):
-        raise TypeError(f"card: expected a card name or Card, got {type(card).__name__}")
+        raise InputTypeError(f"card: expected a card name or Card, got {type(card).__name__}")
     key = card.strip().lower()
     if key not in CARDS:
-        raise ValueError(f"card {card!r}: unknown; known cards: {sorted(CARDS)}")
+        raise InputError(f"card {card!r}: unknown; known cards: {sorted(CARDS)}")
     return CARDS[key]

@@ -12,7 +12,9 @@ in its own memory bank and the lookups of different tables proceed in parallel. 
 3. The per-call buffers (indices, offsets, weights, out) share one small port on the bank with
    the least traffic left.
 
-Deterministic: the same tables give the same file. ``ValueError`` if the tables do not fit.
+Deterministic: the same tables give the same file. :class:`~offload.sim.errors.InputError` (a
+``ValueError``) if the tables do not fit. Bank counts, sizes and SLRs come from
+:data:`offload.hls.cards.CARDS`.
 
 Example::
 
@@ -26,43 +28,12 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from offload.hls.cards import Card, get_card
+from offload.hls.embedding import IO_BUNDLE, table_bundle, top_name
 from offload.kernels.embedding import EmbeddingSpec
+from offload.sim.errors import InputError
 
-__all__ = ["Platform", "PLATFORMS", "Item", "Placement", "place", "embedding_connectivity"]
-
-_GiB = 1 << 30
-
-
-@dataclass(frozen=True)
-class Platform:
-    """A card's memory: ``banks`` banks named ``{kind}[i]``, each ``bank_bytes`` and ``bank_gbps``."""
-
-    name: str
-    kind: str  # "HBM" or "DDR"
-    banks: int
-    bank_bytes: int
-    bank_gbps: float
-    slr_of_bank: tuple[int, ...]  # the SLR a kernel reading bank i is best placed in
-
-    @property
-    def capacity(self) -> int:
-        return self.banks * self.bank_bytes
-
-
-PLATFORMS: dict[str, Platform] = {
-    # U55C: 16 GB HBM2 in 32 pseudo-channels (512 MB each), 460 GB/s total (~14.4 GB/s per PC);
-    # HBM sits below SLR0. AMD DS978 "Alveo U55C Data Center Accelerator Card Data Sheet".
-    "u55c": Platform("u55c", "HBM", 32, 16 * _GiB // 32, 460 / 32, (0,) * 32),
-    # U280: 8 GB HBM2, 32 PCs of 256 MB, 460 GB/s total; HBM attached to SLR0.
-    # AMD DS963 "Alveo U280 Data Center Accelerator Card Data Sheet"; UG1120 (platform memory map).
-    "u280": Platform("u280", "HBM", 32, 8 * _GiB // 32, 460 / 32, (0,) * 32),
-    # U50: 8 GB HBM2, 32 PCs of 256 MB, 316 GB/s total (~9.9 GB/s per PC); HBM on SLR0.
-    # AMD DS965 "Alveo U50 Data Center Accelerator Card Data Sheet".
-    "u50": Platform("u50", "HBM", 32, 8 * _GiB // 32, 316 / 32, (0,) * 32),
-    # U250: 64 GB DDR4 as 4 banks DDR[0..3] of 16 GB, DDR4-2400 x72 (19.2 GB/s each);
-    # DDR[i] is attached to SLR i. AMD DS962 "Alveo U200 and U250 Data Sheet"; UG1120.
-    "u250": Platform("u250", "DDR", 4, 16 * _GiB, 19.2, (0, 1, 2, 3)),
-}
+__all__ = ["Item", "Placement", "place", "embedding_connectivity"]
 
 
 @dataclass(frozen=True)
@@ -85,24 +56,25 @@ class Placement:
         return f"{kind}[{self.first}]" if self.first == self.last else f"{kind}[{self.first}:{self.last}]"
 
 
-def place(items: Sequence[Item], platform: str | Platform) -> dict[str, Placement]:
-    """Assign each item to a bank (or a run of HBM banks); see the module doc for the rules."""
-    p = PLATFORMS[platform.lower()] if isinstance(platform, str) else platform
+def place(items: Sequence[Item], card: str | Card) -> dict[str, Placement]:
+    """Assign each item to a bank (or a run of HBM banks) of ``card.memory``; see the module doc for the rules."""
+    card = get_card(card)
+    p = card.memory
     used = [0] * p.banks
     load = [0.0] * p.banks
     out: dict[str, Placement] = {}
     total = sum(it.bytes for it in items)
-    if total > p.capacity:
-        raise ValueError(f"tables need {total} bytes, more than {p.name}'s {p.capacity} bytes of {p.kind}")
+    if total > p.bytes:
+        raise InputError(f"tables need {total} bytes, more than {card.name}'s {p.bytes} bytes of {p.kind}")
     big = sorted((it for it in items if it.bytes > p.bank_bytes), key=lambda it: (-it.bytes, it.name))
     small = sorted((it for it in items if it.bytes <= p.bank_bytes), key=lambda it: (-it.traffic, -it.bytes, it.name))
     for it in big:
         if p.kind != "HBM":
-            raise ValueError(f"table {it.name!r}: {it.bytes} bytes exceed one {p.kind} bank ({p.bank_bytes} bytes) on {p.name}")
+            raise InputError(f"table {it.name!r}: {it.bytes} bytes exceed one {p.kind} bank ({p.bank_bytes} bytes) on {card.name}")
         k = math.ceil(it.bytes / p.bank_bytes)
         runs = [a for a in range(p.banks - k + 1) if all(used[b] == 0 for b in range(a, a + k))]
         if not runs:
-            raise ValueError(f"table {it.name!r}: no run of {k} free {p.kind} pseudo-channels left on {p.name}")
+            raise InputError(f"table {it.name!r}: no run of {k} free {p.kind} pseudo-channels left on {card.name}")
         a = min(runs, key=lambda a: (sum(load[a:a + k]), a))
         left = it.bytes
         for b in range(a, a + k):
@@ -114,7 +86,7 @@ def place(items: Sequence[Item], platform: str | Platform) -> dict[str, Placemen
     for it in small:
         fits = [b for b in range(p.banks) if used[b] + it.bytes <= p.bank_bytes]
         if not fits:
-            raise ValueError(f"table {it.name!r}: {it.bytes} bytes fit in no {p.kind} bank of {p.name} (fragmented)")
+            raise InputError(f"table {it.name!r}: {it.bytes} bytes fit in no {p.kind} bank of {card.name} (fragmented)")
         b = min(fits, key=lambda b: (load[b], b))
         used[b] += it.bytes
         load[b] += it.traffic
@@ -124,24 +96,23 @@ def place(items: Sequence[Item], platform: str | Platform) -> dict[str, Placemen
 
 def embedding_connectivity(
     spec: EmbeddingSpec,
-    platform: str,
+    card: str | Card,
     *,
     traffic: Mapping[str, float] | None = None,
     compute_units: int = 1,
 ) -> str:
-    """The ``[connectivity]`` section for one embedding kernel on ``platform``.
+    """The ``[connectivity]`` section for one embedding kernel on ``card``'s memory.
 
     ``traffic`` maps a table name to its expected lookups per sample (default 1); a table's traffic
     is that times its row bytes. Each compute unit gets its own copy of the tables' ports mapped
     identically (they share the resident tables).
     """
-    from offload.hls.embedding import IO_BUNDLE, table_bundle, top_name
-
-    p = PLATFORMS[platform.lower()]
+    card = get_card(card)
+    p = card.memory
     traffic = dict(traffic or {})
     unknown = set(traffic) - {t.name for t in spec.tables}
     if unknown:
-        raise ValueError(f"traffic: unknown tables {sorted(unknown)}")
+        raise InputError(f"traffic: unknown tables {sorted(unknown)}")
     # Tables sharing a bundle share a port, hence a bank: place bundles, not tables.
     groups: dict[str, list[int]] = {}
     for t in range(spec.num_tables):
@@ -151,7 +122,7 @@ def embedding_connectivity(
         nbytes = sum(spec.tables[t].bytes() for t in ts)
         tr = sum(traffic.get(spec.tables[t].name, 1.0) * spec.tables[t].bytes() / spec.tables[t].num_rows for t in ts)
         items.append(Item(bundle, nbytes, tr))
-    placed = place(items, p)
+    placed = place(items, card)
     load = [0.0] * p.banks
     for it in items:
         pl = placed[it.name]
@@ -160,7 +131,7 @@ def embedding_connectivity(
     io_bank = min(range(p.banks), key=lambda b: (load[b], b))
 
     top = top_name(spec)
-    lines = ["# Generated by offload.hls.connectivity; do not edit.", f"# platform {p.name}: {p.banks} x {p.kind}", "[connectivity]"]
+    lines = ["# Generated by offload.hls.connectivity; do not edit.", f"# platform {card.name}: {p.banks} x {p.kind}", "[connectivity]"]
     cus = [f"{top}_{i + 1}" for i in range(compute_units)]
     lines.append(f"nk={top}:{compute_units}:{'.'.join(cus)}")
     for cu in cus:

@@ -7,6 +7,9 @@ Two text layouts exist: the classic per-module report (Vivado HLS, and Vitis HLS
 of modules and loops. Fields a format does not carry are ``None`` (the summary ``.rpt`` has no
 clock periods), never guessed.
 
+The classic report also breaks the top down per sub-function instance (its "Detail: Instance"
+tables); :func:`parse_instances` reads those.
+
 Example::
 
     from offload.hls.reports import parse_report, find_report
@@ -23,7 +26,8 @@ from pathlib import Path
 
 from offload.sim.errors import ReportError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
-__all__ = ["SynthReport", "ReportError", "RESOURCES", "parse_report", "parse_xml", "parse_rpt", "find_report"]
+__all__ = ["SynthReport", "InstanceReport", "ReportError", "RESOURCES", "parse_report", "parse_xml", "parse_rpt",
+           "parse_instances", "find_report"]
 
 # Canonical resource names; reports spell DSPs "DSP48E" (7-series) or "DSP" (UltraScale+, Vitis).
 RESOURCES: tuple[str, ...] = ("BRAM_18K", "DSP", "FF", "LUT", "URAM")
@@ -71,6 +75,20 @@ class SynthReport:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class InstanceReport:
+    """One sub-function instance of the top: its latency and interval in cycles (``None`` where the
+    report prints ``?``) and its resources under the canonical names of :data:`RESOURCES`."""
+
+    name: str
+    module: str
+    latency_min: int | None
+    latency_max: int | None
+    interval_min: int | None
+    interval_max: int | None
+    resources: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- XML
@@ -324,6 +342,53 @@ def parse_rpt(path: str | Path) -> SynthReport:
     if _find(lines, r"HLS Report for") >= 0:
         return _parse_classic_rpt(path, lines, version)
     raise ReportError(f"{path}: neither a Vitis 'Synthesis Summary Report' nor a '... HLS Report for' file")
+
+
+def _instance_table(lines: list[str], start: int, end: int) -> tuple[list[str], list[list[str]]]:
+    """Column names and rows of the "* Instance:" table between ``start`` and ``end`` (none: empty)."""
+    i = _find(lines, r"^\s*\*\s*Instance:", start)
+    if i < 0 or i >= end:
+        return [], []
+    header, body, _ = _tables(lines, i)
+    return (_column_names(header) if header else []), [r for r in body if len(r) > 2 and r[0] != "Total"]
+
+
+def parse_instances(path: str | Path) -> dict[str, InstanceReport]:
+    """Per-instance latency, interval and resources of a classic ``<top>_csynth.rpt``, in the order
+    of its latency table. Only the classic layout has these tables: anything else is a
+    :class:`ReportError`."""
+    path = Path(path)
+    lines = path.read_text(errors="replace").splitlines() if path.suffix == ".rpt" else []
+    if _find(lines, r"HLS Report for") < 0:
+        raise ReportError(f"{path}: per-instance tables are read from a classic '<top>_csynth.rpt' ('... HLS Report for') only")
+    perf = _find(lines, r"== Performance Estimates")
+    util = _find(lines, r"== Utilization Estimates")
+    end = _find(lines, r"^== ", util + 1) if util >= 0 else -1
+    latency: dict[str, tuple[str, list[int | None]]] = {}
+    if perf >= 0:
+        # Fixed layout (Vivado HLS and Vitis HLS alike): instance, module, latency min/max (cycles),
+        # latency min/max (absolute, with units), interval min/max, pipeline type.
+        _, rows = _instance_table(lines, perf, util if util >= 0 else len(lines))
+        for r in rows:
+            if len(r) >= 8:
+                latency[r[0]] = (r[1], [_int(r[k]) for k in (2, 3, 6, 7)])
+    resources: dict[str, tuple[str, dict[str, int]]] = {}
+    if util >= 0:
+        cols, rows = _instance_table(lines, util, end if end >= 0 else len(lines))
+        for r in rows:
+            res = {}
+            for i, name in enumerate(cols):
+                canon = _RESOURCE_ALIASES.get(name.strip())
+                if canon and i < len(r):
+                    v = 0 if r[i].strip() == "-" else _cell_int(r[i])
+                    if v is not None:
+                        res[canon] = v
+            resources[r[0]] = (r[1], res)
+    out: dict[str, InstanceReport] = {}
+    for name in [*latency, *(n for n in resources if n not in latency)]:
+        module, lat = latency.get(name, (resources[name][0], [None] * 4))
+        out[name] = InstanceReport(name, module, *lat, resources=resources.get(name, ("", {}))[1])
+    return out
 
 
 def parse_report(path: str | Path) -> SynthReport:

@@ -25,6 +25,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from rich.table import Table
 
 from offload.advisor.model import Prediction, predict_lookup, predict_mlp
 from offload.hls.cards import Card, get_card
@@ -80,12 +81,10 @@ class Advice(RichReport):
         raise KeyError(f"no estimate for {name!r} at batch {batch}; names: {sorted({r.name for r in self.rows})}")
 
     def to_dict(self) -> dict:
-        return {"card": asdict(self.card), "batch_sizes": list(self.batch_sizes), "notes": list(self.notes),
+        return {"card": _card_budget(self.card), "batch_sizes": list(self.batch_sizes), "notes": list(self.notes),
                 "rows": [dict(asdict(r), card_s=r.card_s, speedup=r.speedup) for r in self.rows]}
 
-    def table(self):
-        from rich.table import Table
-
+    def table(self) -> Table:
         c = self.card
         t = Table(title=f"offload advise: card {c.name} ({c.datasheet}: {c.dsp} DSP, {c.bram36} BRAM36, {c.uram} URAM, "
                         f"{c.lut // 1000}K LUT, {c.memory_bytes / 2**30:.0f} GiB)")
@@ -101,6 +100,15 @@ class Advice(RichReport):
 
     def renderables(self) -> list:
         return [self.table(), *(f"note: {n}" for n in self.notes)]
+
+
+def _card_budget(c: Card) -> dict:
+    """The flat card budget ``offload advise --json`` has always printed (its readers use these keys)."""
+    hbm, ddr = c.hbm, c.ddr
+    return {"name": c.name, "datasheet": c.datasheet, "dsp": c.dsp, "bram36": c.bram36, "uram": c.uram, "lut": c.lut,
+            "hbm_bytes": hbm.bytes if hbm else 0, "hbm_channels": hbm.banks if hbm else 0, "hbm_channel_bps": hbm.bank_bps if hbm else 0.0,
+            "ddr_bytes": ddr.bytes if ddr else 0, "ddr_channels": ddr.banks if ddr else 0,
+            "pcie_bps": c.pcie_bps, "kernel_clock_hz": c.kernel_clock_hz}
 
 
 def _us(s: float) -> str:

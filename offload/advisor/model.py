@@ -24,15 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from offload.hls.cards import (
-    DDR4_CHANNEL_BPS,
-    DDR_RANDOM_READ_LATENCY_S,
-    HBM_RANDOM_READ_LATENCY_S,
-    KERNEL_LAUNCH_S,
-    M_AXI_OUTSTANDING_READS,
-    PCIE_TRANSFER_LATENCY_S,
-    Card,
-)
+from offload.hls.cards import KERNEL_LAUNCH_S, M_AXI_OUTSTANDING_READS, PCIE_TRANSFER_LATENCY_S, Card
 
 __all__ = ["Prediction", "predict_lookup", "predict_mlp", "predict_conv_stream", "mlp_layer_cycles", "dsp_per_mult", "transfer_s"]
 
@@ -93,10 +85,8 @@ def predict_lookup(card: Card, lookups_per_table: Sequence[int], row_bytes: Sequ
     Tables small enough (``URAM_TABLE_MAX_FRACTION`` of the card's URAM each, while URAM lasts) are
     placed on chip in URAM and read one row a cycle; the others live in HBM/DDR.
     """
-    if card.hbm_channels:
-        channels, ch_bps, lat = card.hbm_channels, card.hbm_channel_bps, HBM_RANDOM_READ_LATENCY_S
-    else:
-        channels, ch_bps, lat = card.ddr_channels, DDR4_CHANNEL_BPS, DDR_RANDOM_READ_LATENCY_S
+    mem = card.memory
+    channels, ch_bps, lat = mem.banks, mem.bank_bps, mem.random_read_latency_s
     rows_per_table = list(rows_per_table) or [0] * len(row_bytes)
     per_channel = [0.0] * channels
     on_chip = 0.0

@@ -7,17 +7,21 @@ and ``hls4ml_config.yml`` (ap_fixed<32,16> everywhere, Resource strategy, io_str
 convolutions), is written down in :data:`AUTOENCODER_CONVS`. We predict each convolution's
 worst-case latency and DSP count with :func:`offload.advisor.model.predict_conv_stream` (7-series
 DSP48E1: 25 x 18 multipliers) and put the report's numbers next to them. Nothing is fitted.
+
+The report is committed at
+``tests/fixtures/hls-reports/vivado-2019.2-hls4ml-autoencoder/myproject_csynth.rpt``; callers pass
+its path (this module ships without it).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from offload.advisor.model import DSP48E1_A, DSP48E1_B, predict_conv_stream
+from offload.hls.reports import ReportError, parse_instances
 
-__all__ = ["ConvLayer", "AUTOENCODER_CONVS", "LayerCheck", "parse_instances", "check_autoencoder", "find_fixture"]
+__all__ = ["ConvLayer", "AUTOENCODER_CONVS", "LayerCheck", "check_autoencoder"]
 
 
 @dataclass(frozen=True)
@@ -60,53 +64,15 @@ class LayerCheck:
         return self.predicted_dsp / self.reported_dsp if self.reported_dsp else float("inf")
 
 
-_ROW = re.compile(r"^\s*\|\s*(\w+_U0)\s*\|\s*(\w+)\s*\|(.*)\|\s*$")
-
-
-def parse_instances(rpt: str | Path) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
-    """From a classic csynth ``.rpt``: per instance (latency min, max) cycles, and DSPs."""
-    lat: dict[str, tuple[int, int]] = {}
-    dsp: dict[str, int] = {}
-    section = None
-    for line in Path(rpt).read_text(errors="replace").splitlines():
-        if "Performance Estimates" in line:
-            section = "lat"
-        elif "Utilization Estimates" in line:
-            section = "res"
-        m = _ROW.match(line)
-        if not m or section is None:
-            continue
-        cells = [c.strip() for c in m.group(3).split("|")]
-        if section == "lat" and len(cells) >= 2 and cells[0].isdigit():
-            lat[m.group(1)] = (int(cells[0]), int(cells[1]))
-        elif section == "res" and len(cells) >= 2 and cells[1].isdigit():
-            dsp[m.group(1)] = int(cells[1])
-    return lat, dsp
-
-
-def find_fixture() -> Path | None:
-    """The fixture report (``$OFFLOAD_HLS_FIXTURES`` or ``../shared/fixtures/hls-reports`` from the repo root)."""
-    import os
-
-    roots = [os.environ.get("OFFLOAD_HLS_FIXTURES", "")]
-    here = Path(__file__).resolve().parents[1]
-    roots += [str(here.parent / "shared" / "fixtures" / "hls-reports"), "/work/shared/fixtures/hls-reports"]
-    for r in roots:
-        p = Path(r) / "vivado-2019.2-hls4ml-autoencoder" / "myproject_csynth.rpt" if r else None
-        if p is not None and p.is_file():
-            return p
-    return None
-
-
 def check_autoencoder(rpt: str | Path) -> list[LayerCheck]:
     """Predicted vs reported worst-case latency and DSPs of every convolution of the fixture."""
-    lat, dsp = parse_instances(rpt)
+    instances = parse_instances(rpt)
     out = []
     for layer in AUTOENCODER_CONVS:
-        key = next((k for k in lat if k.startswith("conv_2d_cl") and k.endswith(f"_config{layer.config}_U0")), None)
-        if key is None:
-            raise ValueError(f"{rpt}: no conv instance for config{layer.config}")
+        inst = next((v for k, v in instances.items() if k.startswith("conv_2d_cl") and k.endswith(f"_config{layer.config}_U0")), None)
+        if inst is None or inst.latency_max is None or "DSP" not in inst.resources:
+            raise ReportError(f"{rpt}: no conv instance with a latency and a DSP count for config{layer.config}")
         cycles, dsps = predict_conv_stream(layer.in_hw * layer.in_hw, layer.n_chan, layer.n_filt, 9, layer.reuse_factor,
                                            AUTOENCODER_BITS, AUTOENCODER_BITS, DSP48E1_A, DSP48E1_B)
-        out.append(LayerCheck(f"conv config{layer.config}", cycles, lat[key][1], dsps, dsp[key]))
+        out.append(LayerCheck(f"conv config{layer.config}", cycles, inst.latency_max, dsps, inst.resources["DSP"]))
     return out

@@ -17,6 +17,9 @@ import click
 
 from offload.hls.cards import CARDS
 
+# torch, the examples and the advisor (which imports torch) stay inside the functions: importing
+# torch takes ~5 s here, and every `offload ...` start-up imports this module.
+
 
 def _builtin(name: str) -> tuple[Any, tuple]:
     import torch

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from offload.hls.connectivity import PLATFORMS, Item, place, embedding_connectivity
+from offload.hls.cards import CARDS
+from offload.hls.connectivity import Item, place, embedding_connectivity
 from offload.hls.embedding import top_name
 from offload.kernels.embedding import TableSpec, make_spec
 
@@ -28,21 +29,20 @@ def _check_capacity(items, placed, p):
     return used
 
 
-@pytest.mark.parametrize("platform", sorted(PLATFORMS))
-def test_capacity_respected_and_traffic_balanced(platform):
-    p = PLATFORMS[platform]
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_capacity_respected_and_traffic_balanced(card):
+    p = CARDS[card].memory
     # 3 x banks equal tables of 1/4 bank each with equal traffic: a perfect spread is 3 per bank.
     items = [Item(f"t{i}", p.bank_bytes // 4, 1.0) for i in range(3 * p.banks)]
-    placed = place(items, p)
+    placed = place(items, card)
     _check_capacity(items, placed, p)
     per_bank = [sum(1 for it in items if placed[it.name].first == b) for b in range(p.banks)]
     assert per_bank == [3] * p.banks
 
 
 def test_greedy_heaviest_first_onto_least_loaded():
-    p = PLATFORMS["u250"]
     items = [Item("a", 1 * MB, 10.0), Item("b", 1 * MB, 9.0), Item("c", 1 * MB, 1.0), Item("d", 1 * MB, 1.0), Item("e", 1 * MB, 8.0)]
-    placed = place(items, p)
+    placed = place(items, "u250")
     # a,b,e on their own banks; c,d (traffic 1) share the remaining least-loaded ones.
     banks = {n: placed[n].first for n in "abcde"}
     assert len({banks["a"], banks["b"], banks["e"]}) == 3
@@ -53,9 +53,9 @@ def test_greedy_heaviest_first_onto_least_loaded():
 
 
 def test_big_tables_span_contiguous_pseudo_channels():
-    p = PLATFORMS["u280"]  # 256 MB pseudo-channels
+    p = CARDS["u280"].memory  # 256 MB pseudo-channels
     items = [Item("huge", 700 * MB, 5.0), Item("big", 300 * MB, 3.0), Item("small", 10 * MB, 9.0)]
-    placed = place(items, p)
+    placed = place(items, CARDS["u280"])
     assert placed["huge"].spelling("HBM") == "HBM[0:2]"
     assert placed["big"].spelling("HBM") == "HBM[3:4]"
     assert placed["small"].first not in range(0, 5)

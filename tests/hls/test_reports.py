@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from offload.hls.reports import ReportError, find_report, parse_report, parse_rpt, parse_xml
+from offload.hls.reports import ReportError, find_report, parse_instances, parse_report, parse_rpt, parse_xml
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hls-reports"
 VITIS = FIX / "vitis-2020.2-gaussian"
@@ -64,6 +64,40 @@ def test_vivado_2019_2_classic_rpt():
     # The per-instance "Total" rows further down (31 BRAM, 254 FIFO BRAM) must not be taken.
     assert r.resources == {"BRAM_18K": 285, "DSP": 118, "FF": 51414, "LUT": 33365, "URAM": 0}
     assert r.available == {"BRAM_18K": 280, "DSP": 220, "FF": 106400, "LUT": 53200, "URAM": 0}
+
+
+def test_vivado_2019_2_instances():
+    # Latency "Detail: Instance" rows, e.g. "|conv_2d_cl_array_array_ap_fixed_1u_config20_U0 |conv_2d_cl_array_array_ap_fixed_1u_config20_s
+    # | 4624| 95948| 23.120 us | 0.480 ms | 4624| 95948| none |", and utilization rows, e.g. the same instance
+    # "| 1| 2| 4419| 1802| 0|" under BRAM_18K, DSP48E, FF, LUT, URAM.
+    inst = parse_instances(VIVADO / "myproject_csynth.rpt")
+    assert len(inst) == 27  # 27 rows in each of the two Instance tables
+    c20 = inst["conv_2d_cl_array_array_ap_fixed_1u_config20_U0"]
+    assert c20.module == "conv_2d_cl_array_array_ap_fixed_1u_config20_s"
+    assert (c20.latency_min, c20.latency_max, c20.interval_min, c20.interval_max) == (4624, 95948, 4624, 95948)
+    assert c20.resources == {"BRAM_18K": 1, "DSP": 2, "FF": 4419, "LUT": 1802, "URAM": 0}
+    z25 = inst["zeropad2d_cl_array_array_ap_fixed_4u_config25_U0"]
+    assert (z25.latency_max, z25.resources["LUT"]) == (39, 317)
+    # The instance table's "Total" row is not an instance; its figures are the instances' sums.
+    assert "Total" not in inst
+    assert sum(i.resources["DSP"] for i in inst.values()) == 118
+    assert sum(i.resources["BRAM_18K"] for i in inst.values()) == 31
+
+
+def test_instances_only_from_a_classic_report(tmp_path):
+    with pytest.raises(ReportError, match="classic"):
+        parse_instances(VITIS / "csynth.rpt")  # the 2020.2 summary layout has no Instance tables
+    with pytest.raises(ReportError, match="classic"):
+        parse_instances(VIVADO / "myproject_csynth.xml")
+    # An unknown latency ("?") is None, not a shifted column.
+    text = (VIVADO / "myproject_csynth.rpt").read_text()
+    row = "|     4624|    95948| 23.120 us |  0.480 ms |  4624|  95948|   none  |"
+    assert row in text
+    p = tmp_path / "q_csynth.rpt"
+    p.write_text(text.replace(row, "|        ?|        ?|     ?     |     ?     |     ?|      ?|   none  |"))
+    c20 = parse_instances(p)["conv_2d_cl_array_array_ap_fixed_1u_config20_U0"]
+    assert (c20.latency_min, c20.latency_max, c20.interval_max) == (None, None, None)
+    assert c20.resources["DSP"] == 2
 
 
 @pytest.mark.parametrize("folder", [VITIS, VIVADO], ids=["vitis2020.2", "vivado2019.2"])

@@ -152,7 +152,8 @@ def test_tables_whose_inputs_depend_on_each_other_are_not_batched():
 def test_table_too_large_for_the_card_stays_on_host():
     model = Toy().eval()
     # Card memory for exactly table a (50 x 8 int16 = 800 bytes) plus 100 bytes: b must stay home.
-    tiny = dataclasses.replace(CARDS["u55c"], hbm_bytes=800 + 100, ddr_bytes=0)
+    u55c = CARDS["u55c"]
+    tiny = dataclasses.replace(u55c, hbm=dataclasses.replace(u55c.hbm, banks=1, bank_bytes=800 + 100, slr_of_bank=(0,)), ddr=None)
     gm = offload.offload(model, _inputs(), ops=("embedding_bag",), card=tiny, device="sim")
     d = gm.offload_report.decision("b")
     assert not d.offloaded and "MiB" in d.reason and "u55c" in d.reason
