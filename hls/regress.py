@@ -589,8 +589,14 @@ def _patterns_of(selection: Any) -> list[str]:
 
 
 def regenerate(selection: Iterable[Entry] | Iterable[str] | str | None = None, *, device: Any = None, root: Path | None = None,
-               jobs: int = 1, prune: bool | None = None) -> dict[str, dict[str, Any]]:
+               jobs: int = 1, prune: bool | None = None, reason: str | None = None) -> dict[str, dict[str, Any]]:
     """Rebuild golden vectors from the catalogue (fixed seeds) and write those that changed.
+
+    Vectors whose kernel and inputs are unchanged but whose expected outputs differ mean the
+    reference itself computes something else now: that is exactly what golden vectors exist to
+    catch, so such an entry is refused (``{"refused": ...}`` plus the diff, nothing written) unless
+    ``reason`` says why the new outputs are right. Changes that follow a catalogue change (spec,
+    tensors or inputs differ, new or removed entries) are written.
 
     Expected outputs come from the reference model; with a ``device`` the C-simulation must agree
     bit for bit or the entry is not written (``{"error": ...}``). Returns entry name -> change
@@ -624,7 +630,11 @@ def regenerate(selection: Iterable[Entry] | Iterable[str] | str | None = None, *
             old = load_golden(e.name, root)
         except GoldenError:
             old = None
-        return e, new, diff_golden(old, new)
+        diff = diff_golden(old, new)
+        if diff and not reason and all(k.startswith("outputs.") for k in diff):
+            return e, None, {"refused": "the reference's outputs changed for the same kernel and inputs; "
+                                        "rerun with a reason (--reason) if the new outputs are right", **diff}
+        return e, new, diff
 
     changes: dict[str, dict[str, Any]] = {}
     to_write: list[Golden] = []
@@ -656,6 +666,9 @@ def describe_change(diff: Mapping[str, Any]) -> str:
         return "removed (no longer in the catalogue)"
     if "error" in diff:
         return f"ERROR: {diff['error']}"
+    if "refused" in diff:
+        counts = "; ".join(f"{k}: {v} values differ" for k, v in diff.items() if k != "refused")
+        return f"REFUSED ({counts}): {diff['refused']}"
     parts = []
     for k, v in diff.items():
         parts.append(f"{k} {v}" if isinstance(v, str) else f"{k}: {v} values differ")

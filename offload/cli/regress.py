@@ -40,6 +40,7 @@ def _style(status: str) -> str:
               help="Allowed growth over the baseline, relative: latency=0.05,resources=0.10,clock=0.05 (the defaults).")
 @click.option("--report", "report", default=None, metavar="PATH", help="Write PATH.json and PATH.md (or regress.json/.md in a directory).")
 @click.option("--regenerate", is_flag=True, help="Rewrite the golden vectors from the catalogue's fixed seeds and print what changed.")
+@click.option("--reason", default=None, metavar="TEXT", help="With --regenerate: why changed reference outputs are right (without it they are refused).")
 @click.option("--update-baselines", is_flag=True, help="With --csynth: record the measured metrics as the part's baselines.")
 @click.option("--device", default="emu", show_default=True, help="Device that runs the C-simulation ('none' to skip it).")
 @click.option("--golden-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -48,7 +49,7 @@ def _style(status: str) -> str:
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("build/regress"), show_default=True,
               help="Where Vitis HLS projects are written.")
 @click.option("--list", "list_only", is_flag=True, help="List the selected entries and exit.")
-def regress(patterns, jobs, csynth, cosim, part, clock_ns, tolerance, report, regenerate, update_baselines, device,
+def regress(patterns, jobs, csynth, cosim, part, clock_ns, tolerance, report, regenerate, reason, update_baselines, device,
             golden_dir, baselines_dir, workdir, list_only) -> None:
     """Check every kernel configuration of the catalogue against its golden vectors.
 
@@ -89,7 +90,7 @@ def regress(patterns, jobs, csynth, cosim, part, clock_ns, tolerance, report, re
         dev = open_device(device)
     try:
         if regenerate:
-            _regenerate(console, sel, dev, golden_dir, jobs, prune=not patterns)
+            _regenerate(console, sel, dev, golden_dir, jobs, prune=not patterns, reason=reason)
             return
         if (csynth or cosim) and R.vitis_hls() is None:
             console.print("[yellow]vitis_hls not found on PATH: --csynth/--cosim stages are skipped "
@@ -156,16 +157,16 @@ def _summary(console, rep: "R.RegressReport") -> None:
             console.print(f"  [red]{r.name}[/]: " + "; ".join(r.problems()))
 
 
-def _regenerate(console, sel, dev, root, jobs, *, prune: bool) -> None:
+def _regenerate(console, sel, dev, root, jobs, *, prune: bool, reason: str | None) -> None:
     from offload.kernels.catalogue import golden_dir
 
     root = root or golden_dir()
     with console.status(f"regenerating {len(sel)} golden vector sets in {root} ..."):
-        changes = R.regenerate(sel, device=dev, root=root, jobs=jobs, prune=prune)
-    changed = {k: v for k, v in changes.items() if v}
+        changes = R.regenerate(sel, device=dev, root=root, jobs=jobs, prune=prune, reason=reason)
+    changed = {k: v for k, v in changes.items() if v and "refused" not in v and "error" not in v}
     for name, diff in changes.items():
         if diff:
             console.print(f"{name}: {R.describe_change(diff)}")
     console.print(f"{len(changed)} of {len(changes)} entries changed; {len(changes) - len(changed)} unchanged")
-    if any("error" in v for v in changes.values()):
+    if any("error" in v or "refused" in v for v in changes.values()):
         sys.exit(1)

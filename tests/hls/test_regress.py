@@ -210,7 +210,13 @@ def test_regenerate_reports_changes(tmp_path):
         a["o.out"][0, :3] += 7
 
     _rewrite_npz(C.golden_path(PICK[1], root), flip3)
+    # Only the expected outputs differ (same kernel, same inputs): the reference changed, which is
+    # what golden vectors exist to catch. Refused without a reason, and nothing is written.
+    before = C.golden_path(PICK[1], root).read_bytes()
     code, out = _invoke(["--regenerate", "--golden-dir", str(root), "--kernel", PICK[0], "--kernel", PICK[1]])
+    assert code == 1 and f"{PICK[1]}: REFUSED (outputs.out: 3 values differ)" in out, out
+    assert "0 of 2 entries changed" in out and C.golden_path(PICK[1], root).read_bytes() == before
+    code, out = _invoke(["--regenerate", "--golden-dir", str(root), "--kernel", PICK[0], "--kernel", PICK[1], "--reason", "test: outputs restored"])
     assert code == 0 and f"{PICK[1]}: outputs.out: 3 values differ" in out and "1 of 2 entries changed" in out
     assert C.diff_golden(C.load_golden(PICK[1]), C.load_golden(PICK[1], root)) == {}
     # A full regeneration without --kernel prunes entries that left the catalogue.
