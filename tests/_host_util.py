@@ -62,7 +62,7 @@ def pynq_fakes(request, monkeypatch):
     _remove_fakes(pynq_mod)
 
 
-def fake_xclbin(path, kernels, cus=2, uuid=None, banks="per_cu") -> str:
+def fake_xclbin(path, kernels, cus=2, uuid=None, banks="per_cu", **entry) -> str:
     """Write the JSON xclbin stand-in (a TEST ARTIFACT, see tests/fakes/pyxrt.py) for ``kernels``."""
     import pyxrt
     from offload.hls.registry import get_hls_kind
@@ -73,18 +73,18 @@ def fake_xclbin(path, kernels, cus=2, uuid=None, banks="per_cu") -> str:
         if top in seen:
             continue
         seen.add(top)
-        entries.append({"name": top, "kind": k.kind, "spec": k.spec.to_json(), "cus": [f"{top}_{i + 1}" for i in range(cus)], "banks": banks})
+        entries.append({"name": top, "kind": k.kind, "spec": k.spec.to_json(), "cus": [f"{top}_{i + 1}" for i in range(cus)], "banks": banks, **entry})
     return pyxrt.write_xclbin(path, entries, uuid=uuid)
 
 
-def bundle_with_xclbin(tmp_path, kernels, cus=2, banks="per_cu"):
+def bundle_with_xclbin(tmp_path, kernels, cus=2, banks="per_cu", **entry):
     """A saved bundle of ``kernels`` with a recorded (fake) xclbin holding ``cus`` CUs per top."""
     from offload.hls.registry import get_hls_kind
     from offload.host.bundle import record_xclbin, save
 
     p = save(kernels, tmp_path / "b.offload", meta={"model": "test"})
     xb = tmp_path / "fake.xclbin"
-    fake_xclbin(xb, kernels, cus=cus, banks=banks)
+    fake_xclbin(xb, kernels, cus=cus, banks=banks, **entry)
     tops = {get_hls_kind(k.kind).top_name(k.spec) for k in kernels}
     return record_xclbin(p, xb, target="u55c", platform="xilinx_u55c_gen3x16_xdma_3_202210_1", compute_units={t: [f"{t}_{i + 1}" for i in range(cus)] for t in tops})
 

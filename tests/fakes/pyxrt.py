@@ -34,6 +34,7 @@ count)``, ``release_hangs``, ``set_run_time(seconds)``, ``stats``, ``cu_runs``, 
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import sys
@@ -472,10 +473,22 @@ class run:
             now = time.monotonic()
             if limit is not None and now >= limit:
                 return ert_cmd_state.ERT_CMD_STATE_TIMEOUT
-            if limit is None and self._hang and not _HANG.wait(10.0):
-                raise AssertionError("fake pyxrt: run.wait() on a hung run would block forever")
-            nap = 0.001 if limit is None else min(0.001, limit - now)
-            time.sleep(max(nap, 0.0))
+            until = limit if limit is not None else float("inf")
+            if not self._hang:
+                until = min(until, self._done_at)
+            if until == float("inf"):  # a hung run and no timeout
+                if not _HANG.wait(10.0):
+                    raise AssertionError("fake pyxrt: run.wait() on a hung run would block forever")
+            else:
+                _sleep_holding_gil(max(until - now, 0.0) + 1e-4)
+
+
+_LIBC = ctypes.PyDLL(None)  # a PyDLL call keeps the GIL, as a pybind11 function without gil_scoped_release
+
+
+def _sleep_holding_gil(seconds: float) -> None:
+    """pyxrt's ``run.wait`` blocks in C++ with the GIL held (pyxrt.cpp 2.12 .. 2.23): so does this."""
+    _LIBC.usleep(int(seconds * 1e6))
 
 
 def _as_int(v):
