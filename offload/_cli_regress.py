@@ -92,7 +92,7 @@ def regress(patterns, jobs, csynth, cosim, part, clock_ns, tolerance, report, re
             _regenerate(console, sel, dev, golden_dir, jobs, prune=not patterns)
             return
         if (csynth or cosim) and R.vitis_hls() is None:
-            console.print("[yellow]vitis_hls not found on PATH: --csynth/--cosim stages are skipped "
+            console.print("[yellow]neither vitis-run nor vitis_hls is on PATH: --csynth/--cosim stages are skipped "
                           "(source Vitis's settings64.sh or set VITIS_HLS).[/yellow]")
         rep = _run(console, sel, dev, jobs=jobs, golden_root=golden_dir, csynth=csynth, cosim=cosim, part=part, clock_ns=clock_ns,
                    baselines_root=baselines_dir, tolerances=tol, update_baselines=update_baselines, workdir=workdir)
