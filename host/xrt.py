@@ -313,8 +313,12 @@ class XrtDevice(BufferedDevice):
             if state is None:
                 # Still running at the deadline: it may write its buffers any time, and pyxrt cannot abort it.
                 reuse = False
-                self._mark_hung(loaded, cu)
-                raise DeviceTimeout(f"{what} did not complete within {timeout:g} s; compute unit {cu.name} is marked hung")
+                late = f"{what} did not complete within {timeout:g} s; compute unit {cu.name} is marked hung"
+                try:
+                    self._mark_hung(loaded, cu)
+                except DeviceError as e:
+                    raise DeviceTimeout(f"{late}, and reopening the device failed: {e}") from e
+                raise DeviceTimeout(late)
             # The scheduler's own timeout: the run may still be writing its buffers.
             reuse = state != pyxrt.ert_cmd_state.ERT_CMD_STATE_TIMEOUT
             if state != pyxrt.ert_cmd_state.ERT_CMD_STATE_COMPLETED:

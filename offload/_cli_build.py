@@ -292,7 +292,7 @@ def probe_devices() -> list[dict]:
         if pynq_too_new(pynq_ver):
             found.append({"backend": "pynq", "available": False, "devices": [], "why": f"PYNQ {pynq_ver} probes no PCIe card (XrtDevice is deprecated from 3.1); needs {pynq_hint}"})
         elif xrt_ver and _version_tuple(xrt_ver) > _PYNQ_MAX_XRT:
-            found.append({"backend": "pynq", "available": False, "devices": [], "why": f"XRT {xrt_ver} is too new for PYNQ 3.x (needs XRT <= 2.16); use the xrt backend"})
+            found.append({"backend": "pynq", "available": False, "devices": [], "why": f"XRT {xrt_ver} is too new for PYNQ 3.0 (it needs XRT 2.12 .. 2.16); use the xrt backend"})
         else:
             try:
                 devs = list(pynq.Device.devices)

@@ -33,7 +33,7 @@ def _style(status: str) -> str:
               help="Catalogue entries to run: a glob (emb/sum/*) or a name prefix (mlp/); repeatable. Default: all.")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(min=1), help="Entries checked in parallel.")
 @click.option("--csynth", is_flag=True, help="Also run Vitis HLS C-synthesis and compare with the part's baselines.")
-@click.option("--cosim", is_flag=True, help="Also run C/RTL co-simulation with the golden vectors (needs vitis_hls).")
+@click.option("--cosim", is_flag=True, help="Also run C/RTL co-simulation with the golden vectors (needs vitis-run or vitis_hls).")
 @click.option("--part", default=R.DEFAULT_PART, show_default=True, help="Target part for --csynth/--cosim and its baselines.")
 @click.option("--clock", "clock_ns", default=R.DEFAULT_CLOCK_NS, show_default=True, type=float, help="Clock period in ns.")
 @click.option("--tolerance", default="", metavar="K=V,...",

@@ -80,6 +80,19 @@ def test_the_device_is_reopened_when_no_compute_unit_is_left(fakes, tmp_path):
     assert_same(dev.run(h, inp, timeout=5), _want(b, inp))
 
 
+def test_a_failed_reopen_is_named_in_the_timeout(fakes, tmp_path):
+    pyxrt, _ = fakes
+    b = _bundle(tmp_path, cus=1)
+    dev = open_device("xrt:0")
+    h = dev.load_bundle(b)["sa"]
+    pyxrt.inject_fault(pyxrt.HANG)
+    pyxrt.set_devices([])  # the card is gone when the device is reopened
+    with pytest.raises(DeviceTimeout, match="marked hung, and reopening the device failed: .*cannot open card '0'"):
+        dev.run(h, sa.make_inputs(n=8, batch=2), timeout=0.05)
+    with pytest.raises(DeviceError, match="every compute unit is hung"):
+        dev.run(h, sa.make_inputs(n=8, batch=2), timeout=0.05)
+
+
 def test_waiting_for_a_run_leaves_other_threads_running(fakes, tmp_path):
     """pyxrt's run.wait holds the GIL for the whole wait (the stand-in does too); the device must
     not call it, so a thread beside a long kernel run keeps running."""
