@@ -7,10 +7,9 @@ import importlib
 import sys
 from pathlib import Path
 
+import _scale_add as sa
 import numpy as np
 import pytest
-
-import _scale_add as sa
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 
@@ -27,6 +26,10 @@ def install_fakes(monkeypatch, xrt: str = "2.23", pynq: str = "3.0.1"):
     monkeypatch.syspath_prepend(str(FAKES))
     for name in [m for m in sys.modules if m == "pyxrt" or m == "pynq" or m.startswith("pynq.")]:
         monkeypatch.delitem(sys.modules, name)
+    for name in ("pyxrt", "pynq"):
+        # Recorded as absent, so the stand-ins leave sys.modules with the test, fixture or not.
+        monkeypatch.setitem(sys.modules, name, None)
+        del sys.modules[name]
     pyxrt_mod = importlib.import_module("pyxrt")
     pynq_mod = importlib.import_module("pynq")
     assert Path(pyxrt_mod.__file__).parent == FAKES, pyxrt_mod.__file__
@@ -65,6 +68,7 @@ def pynq_fakes(request, monkeypatch):
 def fake_xclbin(path, kernels, cus=2, uuid=None, banks="per_cu", **entry) -> str:
     """Write the JSON xclbin stand-in (a TEST ARTIFACT, see tests/fakes/pyxrt.py) for ``kernels``."""
     import pyxrt
+
     from offload.hls.registry import get_hls_kind
 
     entries, seen = [], set()

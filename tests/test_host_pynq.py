@@ -86,7 +86,7 @@ def test_invalid_input_never_reaches_the_card(pynq_fakes, tmp_path):
 
 @pytest.mark.hardware
 def test_real_card_through_pynq():
-    """On a host with PYNQ 3.x, XRT <= 2.16 and an Alveo card: the card opens and reports itself."""
+    """On a host with PYNQ 3.0.x, XRT 2.12 .. 2.16 and an Alveo card: the card opens and reports itself."""
     from pathlib import Path
 
     from _host_util import FAKES

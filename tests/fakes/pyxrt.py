@@ -156,6 +156,8 @@ def use_profile(version: str) -> None:
     _PROFILE_SET = True
     _V = _vt(version)
     mod = sys.modules[__name__]
+    if _V < (2, 23):
+        del hw_context.get_xclbin_uuid
     if _V < (2, 17):
         del mod.enumerate_devices
     if _V < (2, 16):
@@ -230,6 +232,7 @@ class uuid:
         self._s = str(_uuidlib.UUID(uuid_str))
 
     def to_string(self) -> str:
+        """``.def("to_string", &xrt::uuid::to_string)`` (pyxrt.cpp 202120.2.12.427 .. 202610.2.23.244)."""
         return self._s
 
 
@@ -244,9 +247,11 @@ class xclbin:
             self._d = d or {}
 
         def get_name(self) -> str:
+            """``xrt::xclbin::kernel::get_name`` (pyxrt.cpp 202120.2.12.427)."""
             return self._d.get("name", "")
 
         def get_num_args(self) -> int:
+            """``xrt::xclbin::kernel::get_num_args`` (pyxrt.cpp 202120.2.12.427)."""
             return len(self._d.get("args", []))
 
     def __init__(self, filename: str | None = None) -> None:
@@ -263,12 +268,15 @@ class xclbin:
             self._d = d
 
     def get_kernels(self):
+        """``.def("get_kernels", &xrt::xclbin::get_kernels)``: from 2.12 (pyxrt.cpp 202120.2.12.427); absent in 2.11."""
         return [xclbin.xclbinkernel(k) for k in self._d["kernels"]]
 
     def get_xsa_name(self) -> str:
+        """``xrt::xclbin::get_xsa_name`` (pyxrt.cpp 202120.2.12.427)."""
         return self._d.get("xsa", "")
 
     def get_uuid(self) -> uuid:
+        """``xrt::xclbin::get_uuid``: a new uuid object each call (pyxrt.cpp 202120.2.12.427)."""
         return uuid(self._d["uuid"])
 
 
@@ -299,6 +307,8 @@ class device:
         stats["device_opens"] += 1
 
     def load_xclbin(self, xb) -> uuid:
+        """``device.load_xclbin(xclbin | path)`` (pyxrt.cpp 202120.2.12.427); the deprecated ``load_xclbin_compat`` shim warning
+        ``DeprecationWarning`` in pyxrt.cpp 202610.2.23.244."""
         _deprecated("pyxrt.device.load_xclbin() is deprecated; use pyxrt.hw_context(device, xclbin) or pyxrt.hw_context(device, xclbin_path) instead")
         if isinstance(xb, str):
             xb = xclbin(xb)
@@ -308,15 +318,19 @@ class device:
         return xb.get_uuid()
 
     def register_xclbin(self, xb) -> uuid:
+        """``device.register_xclbin(xclbin)``: from pyxrt.cpp 202320.2.16.204; does not program the card."""
         if not isinstance(xb, xclbin):
             raise _incompatible("device.register_xclbin")
         self._registered[xb._d["uuid"]] = xb
         return xb.get_uuid()
 
     def get_xclbin_uuid(self) -> uuid:
+        """``hw_context.get_xclbin_uuid``: bound only from pyxrt.cpp 202610.2.23.244."""
         return self._xclbin.get_uuid() if self._xclbin else uuid(str(_uuidlib.UUID(int=0)))
 
     def get_info(self, key) -> str:
+        """``device.get_info(xrt_info_device)`` -> str, ``"NA"`` for keys it cannot convert (pyxrt.cpp 202120.2.12.427);
+        any other key type is a pybind11 TypeError."""
         if type(key) is not xrt_info_device:
             raise _incompatible("device.get_info")
         if key == xrt_info_device.bdf:
@@ -359,6 +373,7 @@ class hw_context:
         self._xclbin = xb
 
     def get_xclbin_uuid(self) -> uuid:
+        """``hw_context.get_xclbin_uuid``: bound only from pyxrt.cpp 202610.2.23.244."""
         return self._xclbin.get_uuid()
 
 
@@ -384,17 +399,20 @@ class bo:
         stats["bo_allocs"] += 1
 
     def write(self, data, seek: int) -> None:
+        """``bo.write(buffer, seek)``: into host memory only (pyxrt.cpp 202120.2.12.427)."""
         b = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
         if seek + b.size > self._host.size:
             raise RuntimeError("bo.write: out of range")
         self._host[seek : seek + b.size] = b
 
     def read(self, size: int, skip: int) -> np.ndarray:
+        """``bo.read(size, skip)`` -> ``py::array_t<char>`` (int8) of host memory (pyxrt.cpp 202120.2.12.427)."""
         if skip + size > self._host.size:
             raise RuntimeError("bo.read: out of range")
         return self._host[skip : skip + size].view(np.int8).copy()
 
     def sync(self, direction, *size_offset) -> None:
+        """``bo.sync(dir, size, offset)`` (pyxrt.cpp 202120.2.12.427); ``bo.sync(dir)`` only from pyxrt.cpp 202320.2.16.204."""
         if type(direction) is not xclBOSyncDirection:
             raise _incompatible("bo.sync")
         if len(size_offset) == 2:
@@ -416,12 +434,15 @@ class bo:
             raise RuntimeError(f"bo.sync: unsupported direction {direction!r}")
 
     def map(self) -> memoryview:
+        """``bo.map()`` -> memoryview of host memory (pyxrt.cpp 202120.2.12.427)."""
         return memoryview(self._host)
 
     def size(self) -> int:
+        """``xrt::bo::size`` (pyxrt.cpp 202120.2.12.427)."""
         return int(self._host.size)
 
     def address(self) -> int:
+        """``xrt::bo::address``: the device physical address (pyxrt.cpp 202120.2.12.427)."""
         return self._addr
 
 
@@ -458,10 +479,15 @@ class run:
                 self._state = int(self._end)
 
     def state(self):
+        """``run.state()``: the ERT packet state (xrt_kernel.cpp ``run_impl::state`` at 202120.2.12.427); a running
+        command reads ``ert_cmd_state.???`` (3), which pyxrt.cpp never binds."""
         self._poll()
         return ert_cmd_state(self._state)
 
     def wait(self, *timeout_ms):
+        """``run.wait()`` is ``r.wait(0)``, no timeout; ``run.wait(timeout_ms: unsigned)`` returns
+        ``ERT_CMD_STATE_TIMEOUT`` when it expires (pyxrt.cpp 202120.2.12.427, include/xrt/xrt_kernel.h). Neither releases
+        the GIL (no ``gil_scoped_release`` up to 202610.2.23.244): this blocks with it held."""
         if len(timeout_ms) > 1 or (timeout_ms and (isinstance(timeout_ms[0], (bool, float)) or not isinstance(timeout_ms[0], (int, np.integer)) or timeout_ms[0] < 0)):
             raise _incompatible("run.wait")
         ms = int(timeout_ms[0]) if timeout_ms else 0
@@ -538,6 +564,7 @@ class kernel:
         self._lock = threading.Lock()
 
     def group_id(self, index: int) -> int:
+        """``xrt::kernel::group_id(argno)``: the memory bank of a global argument of this CU (pyxrt.cpp 202120.2.12.427)."""
         a = self._top.args[index]
         if a.role == "scalar":
             raise RuntimeError(f"group_id: argument {index} is not a global memory argument")
@@ -548,6 +575,11 @@ class kernel:
         return per_cu + bundles.index(a.bundle or "")
 
     def __call__(self, *args) -> run:
+        """``kernel.__call__(*args)`` (pyxrt.cpp 202120.2.12.427 .. 202610.2.23.244): per argument ``try { r.set_arg(i,
+        item.cast<xrt::bo>()) } catch (...) {}`` then ``try { r.set_arg<int>(i, item.cast<int>()) }
+        catch (...) {}``, then ``r.start()``. A bo in another bank: ``validate_ip_arg_connectivity``
+        throws in 2.12, ``validate_bo_at_index`` clones it into the connected bank from 2.13
+        (xrt_kernel.cpp at 202210.2.13.479)."""
         top = self._top
         values: list = [None] * len(top.args)
         for i, v in enumerate(args):

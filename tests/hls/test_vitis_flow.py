@@ -86,7 +86,7 @@ def test_connectivity_uses_the_documented_nk_form(tmp_path):
     cfg = embedding_connectivity(e.spec, "u55c", compute_units=3)
     nk = [ln for ln in cfg.splitlines() if ln.startswith("nk=")]
     assert nk == [f"nk={top}:3"]
-    assert {f"{top}_{i}" for i in (1, 2, 3)} <= set(re.findall(r"^sp=(\w+)\.", cfg, re.M))
+    assert {f"{top}_{i}" for i in (1, 2, 3)} <= set(re.findall(r"^sp=(\w+)\.", cfg, re.MULTILINE))
     project = write_project(load(save([e], tmp_path / "b")), "u55c", tmp_path / "prj", compute_units=2)
     nk = [ln for ln in (tmp_path / "prj" / "connectivity.cfg").read_text().splitlines() if ln.startswith("nk=")]
     assert nk == [f"nk={top}:2"]

@@ -3,14 +3,14 @@ finding of the hardware-path audit, and the pin that keeps a PYNQ that probes PC
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
+from _host_util import assert_same, bundle_with_xclbin, install_fakes, pynq_fakes, sa  # noqa: F401
 from packaging.specifiers import SpecifierSet
 
-from _host_util import assert_same, bundle_with_xclbin, install_fakes, pynq_fakes, sa  # noqa: F401
 from offload.host import DeviceError, DeviceTimeout, open_device
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,8 +62,8 @@ def test_stand_in_wait_stores_the_failure(pynq_fakes, tmp_path):
     _, pynq = pynq_fakes
     b = _bundle(tmp_path, cus=1)
     ol = pynq.Overlay(str(b.xclbin), device=pynq.Device.devices[0])
-    ip = getattr(ol, "test_scale_add_n8_s3_1")
-    bufs = [pynq.allocate((8,), np.int32, target=getattr(ol, "HBM0")), *(pynq.allocate((8,), np.int32, target=getattr(ol, "HBM1")) for _ in range(2))]
+    ip = ol.test_scale_add_n8_s3_1
+    bufs = [pynq.allocate((8,), np.int32, target=ol.HBM0), *(pynq.allocate((8,), np.int32, target=ol.HBM1) for _ in range(2))]
     pynq.inject_fault("error")
     wh = ip.start(*bufs, 1)
     wh.wait()
@@ -120,7 +120,6 @@ def test_a_range_whose_last_channel_fits_runs(pynq_fakes, tmp_path):
 
 def test_ddr_tags_named_bank(pynq_fakes, tmp_path):
     """Older DDR platforms tag their banks ``bank0``..``bank3``."""
-    _, pynq = pynq_fakes
     b = _bundle(tmp_path, cus=2, memory_kind="bank")
     dev = open_device("pynq:0")
     h = dev.load_bundle(b)["sa"]

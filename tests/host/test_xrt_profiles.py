@@ -10,8 +10,8 @@ import warnings
 
 import numpy as np
 import pytest
-
 from _host_util import XRT_PROFILES, assert_same, bundle_with_xclbin, fakes, install_fakes, sa  # noqa: F401
+
 from offload.host import DeviceError, DeviceTimeout, open_device
 
 
@@ -287,6 +287,5 @@ def test_stand_in_runs_are_asynchronous(monkeypatch, tmp_path):
 
 def test_stand_in_warns_on_deprecated_calls_from_2_23(monkeypatch, tmp_path):
     pyxrt, _ = install_fakes(monkeypatch, xrt="2.23")
-    with pytest.warns(DeprecationWarning, match="load_xclbin"):
-        with pytest.warns(DeprecationWarning, match=r"kernel\(device, uuid"):
-            _raw_kernel(pyxrt, tmp_path, cus=1)
+    with pytest.warns(DeprecationWarning, match="load_xclbin"), pytest.warns(DeprecationWarning, match=r"kernel\(device, uuid"):
+        _raw_kernel(pyxrt, tmp_path, cus=1)

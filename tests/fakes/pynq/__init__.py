@@ -143,6 +143,7 @@ class ErtWaitHandle:
         self.device = device
 
     def _complete(self, state) -> None:
+        """``ErtWaitHandle._complete`` (xrt_device.py v3.0.1): a failure goes into the future, not raised."""
         if state != _COMPLETED:
             self._future.set_exception(RuntimeError("Execution failed: " + str(state)))
         else:
@@ -155,9 +156,11 @@ class ErtWaitHandle:
 
     @property
     def done(self) -> bool:
+        """``ErtWaitHandle.done``: ``self._future.done()`` (xrt_device.py v3.0.1)."""
         return self._future.done()
 
     def wait(self) -> None:
+        """``ErtWaitHandle.wait`` (xrt_device.py v3.0.1): ``while not self.done: self.device._handle_events(1000)``."""
         while not self.done:
             if not any(wh is self for _, wh in self.device.active_bos):
                 stats["lost"] += 1
@@ -177,6 +180,7 @@ class XrtMemory:
         self.device = device
 
     def allocate(self, shape, dtype, **kwargs):
+        """``XrtMemory.allocate`` -> ``_xrt_allocate(shape, dtype, device, self.idx)`` (xrt_device.py v3.0.1)."""
         return _xrt_allocate(shape, dtype, self.device, self, **kwargs)
 
     def __hash__(self) -> int:
@@ -201,11 +205,14 @@ class XrtDevice:
         return f"<pynq.XrtDevice {self.name}>"
 
     def execute_bo(self, bo) -> ErtWaitHandle:
+        """``XrtDevice.execute_bo`` (xrt_device.py v3.0.1): ``xclExecBuf``, then ``self.active_bos.append((bo, wh))``, no lock."""
         wh = ErtWaitHandle(bo, self._loop.create_future(), self)
         self.active_bos.append((bo, wh))
         return wh
 
     def _handle_events(self, timeout=0) -> None:
+        """``XrtDevice._handle_events`` (xrt_device.py v3.0.1): ``xclExecWait(handle, timeout)``, then completes every
+        finished command and replaces ``active_bos`` with the rest, no lock (real time capped at 5 ms per call here)."""
         # xclExecWait(handle, timeout): returns once any command completes, or after timeout ms.
         limit = time.monotonic() + min(timeout, 5) / 1000
         while True:
@@ -251,11 +258,13 @@ class PynqBuffer(np.ndarray):
         return slice(off, off + self.nbytes)
 
     def sync_to_device(self) -> None:
+        """``PynqBuffer.sync_to_device`` (pynq/buffer.py v3.0.1): ``flush`` of this view's bytes."""
         root = self._root
         sl = self._span()
         root._device_mem[sl] = root.view(np.uint8).reshape(-1)[sl]
 
     def sync_from_device(self) -> None:
+        """``PynqBuffer.sync_from_device`` (pynq/buffer.py v3.0.1): ``invalidate`` of this view's bytes."""
         root = self._root
         sl = self._span()
         root.view(np.uint8).reshape(-1)[sl] = root._device_mem[sl]
@@ -270,6 +279,7 @@ class PynqBuffer(np.ndarray):
     physical_address = device_address
 
     def freebuffer(self) -> None:
+        """``PynqBuffer.freebuffer`` (pynq/buffer.py v3.0.1)."""
         if not getattr(self._root, "_freed", False):
             self._root._freed = True
             stats["freed"] += 1
@@ -318,6 +328,8 @@ class DefaultIP:
         return inspect.Signature([inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for a in self._top.args])
 
     def start(self, *args, waitfor=()) -> ErtWaitHandle:
+        """``DefaultIP._start_ert`` (overlay.py v3.0.1): ``device_address`` of each pointer, ``struct.pack`` of each
+        scalar, ``device.execute_bo(bo)``; returns the ``ErtWaitHandle``."""
         top = self._top
         args = self.signature.bind(*args).args  # TypeError on a wrong count, as inspect does
         values = []
@@ -355,6 +367,7 @@ class DefaultIP:
         return self.device.execute_bo(_Cmd(_COMPLETED, done_at, commit))
 
     def call(self, *args, waitfor=()) -> None:
+        """``DefaultIP.call`` (overlay.py v3.0.1): ``self.start(*args).wait()``; a failure stays in the future."""
         self.start(*args, waitfor=waitfor).wait()
 
 
@@ -427,6 +440,7 @@ class Overlay:
         raise AttributeError(f"Could not find IP or hierarchy {name} in overlay")
 
     def free(self) -> None:
+        """``Overlay.free`` (overlay.py v3.0.1)."""
         self._drivers.clear()
 
 
