@@ -362,6 +362,28 @@ def synthesis_tcl(top: str, sources: Sequence[str], *, part: str, clock_ns: floa
     return "\n".join(lines) + "\n"
 
 
+_M_AXI = re.compile(r"#pragma HLS INTERFACE m_axi port = (\w+)[^\n]*?depth = (\d+)")
+
+
+def depth_shortfalls(spec: Any, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> list[str]:
+    """The m_axi ports whose declared ``depth`` is smaller than what ``inputs`` hand them (or that
+    declare none): co-simulation would read past the depth and stall or fail (UG1399)."""
+    hk = get_hls_kind(spec.kind)
+    top = hk.top_name(spec)
+    declared = {m.group(1): int(m.group(2)) for m in _M_AXI.finditer(hk.sources(spec)[f"{top}.cpp"])}
+    given = {**hk.pack_resident(spec, tensors), **hk.pack_inputs(spec, inputs)}
+    out = []
+    for a in hk.top_args(spec):
+        if a.role == "scalar":
+            continue
+        n = np.asarray(given[a.name]).size
+        if a.name not in declared:
+            out.append(f"port {a.name} declares no depth")
+        elif n > declared[a.name]:
+            out.append(f"port {a.name} gets {n} elements, its declared depth is {declared[a.name]}")
+    return out
+
+
 def testbench(spec: Any, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], data_dir: Path) -> str:
     """A C testbench for the kernel's top function, plus its data files in ``data_dir``.
 
@@ -438,6 +460,11 @@ def _run_vitis(entry: Entry, golden: Golden, workdir: Path, *, part: str, clock_
     kernel = golden.kernel()
     hk = get_hls_kind(kernel.kind)
     top = hk.top_name(kernel.spec)
+    if cosim:
+        short = depth_shortfalls(kernel.spec, kernel.tensors, golden.inputs)
+        if short:
+            err = Check("error", "co-simulation would read past the declared m_axi depth: " + "; ".join(short))
+            return err, err
     work = workdir / _slug(entry.name)
     if work.exists():
         shutil.rmtree(work)

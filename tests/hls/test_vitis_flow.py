@@ -91,3 +91,20 @@ def test_connectivity_uses_the_documented_nk_form(tmp_path):
     nk = [ln for ln in (tmp_path / "prj" / "connectivity.cfg").read_text().splitlines() if ln.startswith("nk=")]
     assert nk == [f"nk={top}:2"]
     assert project.compute_units == {top: [f"{top}_1", f"{top}_2"]}
+
+
+def test_cosim_refuses_golden_vectors_past_a_declared_depth(tmp_path, monkeypatch):
+    """A golden batch larger than the provisioned co-simulation batch is an error before Vitis runs."""
+    import offload.hls.mlp as hls_mlp
+
+    _tool(tmp_path, "vitis_hls")
+    monkeypatch.setenv("VITIS_HLS", str(tmp_path / "bin" / "vitis_hls"))
+    name = "mlp/16-8-1/ap_fixed16_6/r1/relu"
+    g = load_golden(name)
+    assert regress.depth_shortfalls(g.kernel().spec, g.kernel().tensors, g.inputs) == []
+    monkeypatch.setattr(hls_mlp, "COSIM_BATCH", 8)  # 24 golden samples
+    assert regress.depth_shortfalls(g.kernel().spec, g.kernel().tensors, g.inputs) == [
+        "port x gets 384 elements, its declared depth is 128", "port y gets 24 elements, its declared depth is 8"]
+    synth, cos = regress._run_vitis(entries(name)[0], g, tmp_path / "work", part=regress.DEFAULT_PART, clock_ns=4.0, cosim=True, timeout=60)
+    assert cos.status == "error" and "past the declared m_axi depth" in cos.detail
+    assert not (tmp_path / "vitis_hls.args").exists()  # Vitis never started
