@@ -105,6 +105,6 @@ def test_cosim_refuses_golden_vectors_past_a_declared_depth(tmp_path, monkeypatc
     monkeypatch.setattr(hls_mlp, "COSIM_BATCH", 8)  # 24 golden samples
     assert regress.depth_shortfalls(g.kernel().spec, g.kernel().tensors, g.inputs) == [
         "port x gets 384 elements, its declared depth is 128", "port y gets 24 elements, its declared depth is 8"]
-    synth, cos = regress._run_vitis(entries(name)[0], g, tmp_path / "work", part=regress.DEFAULT_PART, clock_ns=4.0, cosim=True, timeout=60)
+    _, cos = regress._run_vitis(entries(name)[0], g, tmp_path / "work", part=regress.DEFAULT_PART, clock_ns=4.0, cosim=True, timeout=60)
     assert cos.status == "error" and "past the declared m_axi depth" in cos.detail
     assert not (tmp_path / "vitis_hls.args").exists()  # Vitis never started

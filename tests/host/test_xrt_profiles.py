@@ -118,8 +118,9 @@ def test_waiting_for_a_run_leaves_other_threads_running(fakes, tmp_path):
     finally:
         stop.set()
         t.join()
-    # About 300 ticks when the GIL is free, 0 or 1 while one run.wait() holds it.
-    assert during >= 20, during
+    # About 300 ticks when the GIL is free (fewer on a loaded machine), at most 2 while one
+    # run.wait() holds it for the whole run.
+    assert during >= 8, during
 
 
 def test_a_slow_run_within_its_timeout_completes(fakes, tmp_path):
