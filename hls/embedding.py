@@ -41,6 +41,10 @@ _CTYPE = {
     "int32": "int32_t", "uint32": "uint32_t", "int64": "int64_t", "uint64": "uint64_t",
 }
 IO_BUNDLE = "gmem_io"
+# Bags per call that C/RTL co-simulation provisions: every m_axi port declares a depth (UG1399,
+# "Multi-Access Pointers and RTL Simulation": cosim reads past an undeclared depth and stalls or
+# fails). The catalogue's golden vectors hold 12 bags per table; hardware ignores depth.
+COSIM_BAGS = 64
 
 
 def _cpp_type(t: FixedType) -> str:
@@ -161,12 +165,26 @@ def _config_header(spec: EmbeddingSpec) -> str:
     ])
 
 
+def port_depths(spec: EmbeddingSpec) -> dict[str, int]:
+    """Elements each m_axi port can hold in co-simulation: whole tables, and calls of up to
+    :data:`COSIM_BAGS` bags per table with full bags."""
+    T = spec.num_tables
+    depths = {}
+    for t, ts in enumerate(spec.tables):
+        depths[f"table{t}"] = ts.num_rows * ts.dim
+        depths[f"params{t}"] = 2 * ts.num_rows
+    n_idx = COSIM_BAGS * T * spec.max_bag_size
+    depths.update({"indices": n_idx, "offsets": COSIM_BAGS * T + 1, "per_sample_weights": n_idx, "out": COSIM_BAGS * spec.total_dim})
+    return depths
+
+
 def sources(spec: EmbeddingSpec) -> dict[str, str]:
     """``{"offload_embedding_cfg.h": ..., "<top>.cpp": ...}``; the generic body is included from hls/src."""
     name = top_name(spec)
     params: list[str] = []
     pragmas: list[str] = []
     calls: list[str] = []
+    depths = port_depths(spec)
     for a in top_args(spec):
         if a.role == "scalar":
             params.append(f"int {a.name}")
@@ -174,7 +192,7 @@ def sources(spec: EmbeddingSpec) -> dict[str, str]:
             continue
         const = "" if a.role == "output" else "const "
         params.append(f"{const}{_CTYPE[np.dtype(a.dtype).name]} *{a.name}")
-        pragmas.append(f"#pragma HLS INTERFACE m_axi port = {a.name} offset = slave bundle = {a.bundle}")
+        pragmas.append(f"#pragma HLS INTERFACE m_axi port = {a.name} offset = slave bundle = {a.bundle} depth = {depths[a.name]}")
     for t, ts in enumerate(spec.tables):
         p = f"params{t}" if ts.rowwise else f"(const emb_t{t}::pstore_t *)0"
         calls.append(

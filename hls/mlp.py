@@ -64,6 +64,9 @@ __all__ = [
 
 IN_BUNDLE = "gmem_in"
 OUT_BUNDLE = "gmem_out"
+# Samples per call that C/RTL co-simulation provisions: the m_axi depths are sized for it (UG1399,
+# "Multi-Access Pointers and RTL Simulation"); the catalogue's golden vectors hold 24 samples.
+COSIM_BATCH = 64
 INPUT_NAME = "input_1"
 _TABLE_OPS = ("sigmoid", "tanh")
 
@@ -243,8 +246,8 @@ def sources(spec: MlpSpec) -> dict[str, str]:
         out_store=_CTYPE[container_dtype(ot).name],
         in_bundle=IN_BUNDLE,
         out_bundle=OUT_BUNDLE,
-        depth_in=spec.n_features,
-        depth_out=spec.n_outputs,
+        depth_in=COSIM_BATCH * spec.n_features,
+        depth_out=COSIM_BATCH * spec.n_outputs,
         ii=spec.reuse_factor,
         input_t=input_t,
         result_t=result_t,

@@ -8,7 +8,7 @@ For each selected catalogue entry (:mod:`offload.kernels.catalogue`):
 3. **csim**: the kernel's generated HLS C++, compiled with g++ (cached by content hash) and run
    through a device with card semantics (the caller passes one, normally ``open_device("emu")``:
    this layer does not import ``offload.host``), reproduces them bit for bit.
-4. optionally **csynth** (``vitis_hls`` on PATH): a Tcl project is written and synthesised, the
+4. optionally **csynth** (``vitis-run`` or ``vitis_hls`` on PATH): a Tcl project is written and synthesised, the
    report parsed (:mod:`offload.hls.reports`) and compared with the committed baseline of the
    target part (``kernels/baselines/<part>.json``) within :class:`Tolerances`;
    **cosim**: a generated C testbench drives ``cosim_design`` with the golden inputs and the
@@ -309,9 +309,31 @@ _C_TYPES = {
 }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class HlsTool:
+    """The Vitis HLS front end: ``vitis-run --mode hls --tcl`` (Vitis 2024.2 deprecates
+    ``vitis_hls -f``; UG1399) or, on older Vitis, ``vitis_hls -f``."""
+
+    path: str
+
+    @property
+    def unified(self) -> bool:
+        return Path(self.path).name.startswith("vitis-run")
+
+    def command(self, tcl: str) -> list[str]:
+        return [self.path, "--mode", "hls", "--tcl", tcl] if self.unified else [self.path, "-f", tcl]
+
+
+def hls_tool() -> HlsTool | None:
+    """``$VITIS_HLS`` (either tool), else ``vitis-run`` on PATH, else ``vitis_hls``, else ``None``."""
+    path = os.environ.get("VITIS_HLS") or shutil.which("vitis-run") or shutil.which("vitis_hls")
+    return HlsTool(path) if path else None
+
+
 def vitis_hls() -> str | None:
-    """Path of ``vitis_hls`` (``$VITIS_HLS`` overrides PATH), or ``None``."""
-    return os.environ.get("VITIS_HLS") or shutil.which("vitis_hls")
+    """Path of the HLS tool :func:`hls_tool` picks, or ``None``."""
+    tool = hls_tool()
+    return tool.path if tool else None
 
 
 def _slug(name: str) -> str:
@@ -338,6 +360,28 @@ def synthesis_tcl(top: str, sources: Sequence[str], *, part: str, clock_ns: floa
         lines.append(f"cosim_design -argv {{{tb_args}}}" if tb_args else "cosim_design")
     lines.append("exit")
     return "\n".join(lines) + "\n"
+
+
+_M_AXI = re.compile(r"#pragma HLS INTERFACE m_axi port = (\w+)[^\n]*?depth = (\d+)")
+
+
+def depth_shortfalls(spec: Any, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> list[str]:
+    """The m_axi ports whose declared ``depth`` is smaller than what ``inputs`` hand them (or that
+    declare none): co-simulation would read past the depth and stall or fail (UG1399)."""
+    hk = get_hls_kind(spec.kind)
+    top = hk.top_name(spec)
+    declared = {m.group(1): int(m.group(2)) for m in _M_AXI.finditer(hk.sources(spec)[f"{top}.cpp"])}
+    given = {**hk.pack_resident(spec, tensors), **hk.pack_inputs(spec, inputs)}
+    out = []
+    for a in hk.top_args(spec):
+        if a.role == "scalar":
+            continue
+        n = np.asarray(given[a.name]).size
+        if a.name not in declared:
+            out.append(f"port {a.name} declares no depth")
+        elif n > declared[a.name]:
+            out.append(f"port {a.name} gets {n} elements, its declared depth is {declared[a.name]}")
+    return out
 
 
 def testbench(spec: Any, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], data_dir: Path) -> str:
@@ -412,10 +456,15 @@ def read_testbench_outputs(spec: Any, inputs: Mapping[str, np.ndarray], data_dir
 
 
 def _run_vitis(entry: Entry, golden: Golden, workdir: Path, *, part: str, clock_ns: float, cosim: bool, timeout: float) -> tuple[Check, Check | None]:
-    tool = vitis_hls()
+    tool = hls_tool()
     kernel = golden.kernel()
     hk = get_hls_kind(kernel.kind)
     top = hk.top_name(kernel.spec)
+    if cosim:
+        short = depth_shortfalls(kernel.spec, kernel.tensors, golden.inputs)
+        if short:
+            err = Check("error", "co-simulation would read past the declared m_axi depth: " + "; ".join(short))
+            return err, err
     work = workdir / _slug(entry.name)
     if work.exists():
         shutil.rmtree(work)
@@ -435,7 +484,7 @@ def _run_vitis(entry: Entry, golden: Golden, workdir: Path, *, part: str, clock_
                         tb_args=str(data.resolve()) if cosim else "", include_dirs=[src, csim.offload_include(), csim.nnet_utils_include()], cosim=cosim)
     (work / "run.tcl").write_text(tcl)
     try:
-        proc = subprocess.run([tool, "-f", "run.tcl"], cwd=work, capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(tool.command("run.tcl"), cwd=work, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         err = Check("error", f"vitis_hls did not finish within {timeout:.0f} s ({work})")
         return err, (err if cosim else None)
@@ -504,7 +553,7 @@ def check_entry(entry: Entry, device: Any, *, golden_root: Path | None = None, c
             res.checks["csim"] = Check("error", f"{type(e).__name__}: {e}")
     if csynth or cosim:
         if vitis_hls() is None:
-            skip = Check("skipped", "vitis_hls not on PATH (set VITIS_HLS or source the Vitis settings64.sh)")
+            skip = Check("skipped", "neither vitis-run nor vitis_hls is on PATH (set VITIS_HLS or source the Vitis settings64.sh)")
             if csynth:
                 res.checks["csynth"] = skip
             if cosim:

@@ -1,15 +1,30 @@
-"""The ``pynq`` device: an Alveo card through PYNQ 3.x (``pynq.Overlay`` on an xclbin).
+"""The ``pynq`` device: an Alveo card through PYNQ 3.0 (``pynq.Overlay`` on an xclbin).
 
-Specs: ``"pynq"`` / ``"pynq:0"`` (index into ``pynq.Device.devices``). PYNQ is imported lazily;
-PYNQ 3.x is the last line that drives PCIe Alveo cards and needs XRT <= 2.16 (install
-``offload[pynq]``). As with ``xrt``, kernels run from the bundle's xclbin:
+Specs: ``"pynq"`` / ``"pynq:0"`` (index into ``pynq.Device.devices``). PYNQ is imported lazily.
+Supported: PYNQ 3.0.x over XRT 2.12 .. 2.16 (install ``offload[pynq]``, which pins
+``pynq>=3.0,<3.1``): in PYNQ 3.1 ``XrtDevice._probe_`` returns ``[]`` ("XrtDevice has been
+deprecated"), so no PCIe card is ever found, and PYNQ 3.0 needs the ``xclProbe`` API that XRT
+dropped after 2.16. As with ``xrt``, kernels run from the bundle's xclbin:
 
 - ``pynq.Overlay(xclbin, device=dev)``; compute units are ``ol.ip_dict`` entries (``top_1``, ...),
-  used round-robin; each pointer argument's bank is ``ip_dict[cu]["registers"][arg]["memory"]``;
+  used round-robin; each pointer argument's bank is ``ip_dict[cu]["registers"][arg]["memory"]``,
+  the overlay attribute of a bank its tag with every character outside ``[A-Za-z0-9_]`` removed
+  (``HBM[0]`` -> ``HBM0``, ``bank0`` stays) as ``overlay.py`` builds ``memories``;
 - buffers come from ``pynq.allocate(shape, dtype, target=<bank of that argument>)``, synced with
   ``buf.sync_to_device()`` / ``buf.sync_from_device()`` (slices sync only what a call uses) and
   released with ``buf.freebuffer()``;
-- a call is ``ip.start(*args).wait()``, arguments in the top function's order.
+- a call is ``ip.start(*args)``, arguments in the top function's order, then the wait handle is
+  serviced here (see below).
+
+PYNQ 3.0.1 warts handled here (Xilinx/PYNQ ``pynq/pl_server/xrt_device.py``, ``xclbin_parser.py``):
+
+- ``ErtWaitHandle.wait()`` never raises: a failed command ("Execution failed: 5") is stored in
+  the handle's future, so the future is read after completion and a failure raises DeviceError;
+- ``execute_bo`` and ``_handle_events`` update ``active_bos`` without a lock, so concurrent calls
+  can lose a completion and spin forever: starts and event servicing are serialised per card,
+  and the wait polls ``_handle_events`` in short slices against the call's deadline;
+- an argument connected to ``HBM[a:b]`` is given only the last channel (``memory[-1]``): a
+  resident buffer larger than that channel is refused at load with an error saying so.
 
 Example::
 
@@ -23,6 +38,7 @@ import itertools
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,11 +47,22 @@ import numpy as np
 
 from offload.host._buffered import BufferedDevice, Loaded
 from offload.host._pool import BufferPool
-from offload.host.device import DeviceError, register_device
+from offload.host.device import DeviceError, DeviceTimeout, register_device
 
-__all__ = ["PynqDevice", "import_pynq"]
+__all__ = ["PynqDevice", "import_pynq", "PYNQ_RANGE"]
 
-_FIX = "install it with `pip install 'offload[pynq]'` (PYNQ 3.x; it drives Alveo cards with XRT <= 2.16)"
+PYNQ_RANGE = ">=3.0,<3.1"
+_FIX = f"install it with `pip install 'offload[pynq]'` (pynq{PYNQ_RANGE}: PYNQ 3.0.x drives PCIe Alveo cards with XRT 2.12 .. 2.16)"
+_POLL_MS = 1  # one _handle_events slice: the card lock is held at most this long per slice
+
+# One lock per PYNQ card object: every PynqDevice opened on it shares PYNQ's unlocked active_bos.
+_ERT_LOCKS: dict[int, threading.Lock] = {}
+_ERT_LOCKS_GUARD = threading.Lock()
+
+
+def _ert_lock(card: Any) -> threading.Lock:
+    with _ERT_LOCKS_GUARD:
+        return _ERT_LOCKS.setdefault(id(card), threading.Lock())
 
 
 def import_pynq():
@@ -47,12 +74,24 @@ def import_pynq():
     return pynq
 
 
+def pynq_too_new(version: str) -> bool:
+    """PYNQ 3.1 and later probe no PCIe card (``XrtDevice._probe_`` returns ``[]`` at v3.1)."""
+    nums = [int(x) for x in re.findall(r"\d+", version)[:2]]
+    return len(nums) == 2 and tuple(nums) >= (3, 1)
+
+
+def sanitized(tag: str) -> str:
+    """The overlay attribute of memory ``tag`` (overlay.py v3.0.1: ``re.sub("[^A-Za-z0-9_]", "", k)``)."""
+    return re.sub("[^A-Za-z0-9_]", "", tag)
+
+
 @dataclass
 class _PynqCu:
     name: str
     ip: Any  # the overlay's driver for this compute unit
     targets: dict[int, Any]  # arg index -> pynq memory target (None: PYNQ's default bank)
     resident: dict[int, Any]  # arg index -> pynq buffer
+    hung: bool = False  # a command on it outlived its deadline
 
 
 @dataclass
@@ -64,7 +103,7 @@ class _PynqKernel:
 
 @register_device("pynq")
 class PynqDevice(BufferedDevice):
-    """An Alveo card through PYNQ 3.x; see the module doc."""
+    """An Alveo card through PYNQ 3.0; see the module doc."""
 
     kind = "pynq"
 
@@ -74,13 +113,17 @@ class PynqDevice(BufferedDevice):
         index = spec.split(":", 1)[1] if ":" in spec else "0"
         if not index.isdigit():
             raise ValueError(f"device {spec!r}: the pynq backend takes a card index (pynq:0), got {index!r}")
+        version = str(getattr(pynq, "__version__", "?"))
+        if pynq_too_new(version):
+            raise DeviceError(f"device {spec!r}: PYNQ {version} no longer probes PCIe Alveo cards (XrtDevice is deprecated from 3.1); {_FIX}")
         devices = list(pynq.Device.devices)
         if int(index) >= len(devices):
             raise DeviceError(
-                f"device {spec!r}: PYNQ found {len(devices)} card(s); PYNQ 3.x only enumerates Alveo cards with XRT <= 2.16 "
+                f"device {spec!r}: PYNQ found {len(devices)} card(s); PYNQ 3.0 only enumerates Alveo cards with XRT 2.12 .. 2.16 "
                 "(see `offload devices`)"
             )
         self._dev = devices[int(index)]
+        self._ert = _ert_lock(self._dev)
         self._ol = None
         self._xclbin: Path | None = None
         self._compute_units: dict[str, list[str]] = {}
@@ -98,7 +141,7 @@ class PynqDevice(BufferedDevice):
         with self._lock:
             try:
                 self._ol = self._pynq.Overlay(str(path), device=self._dev)
-            except Exception as e:
+            except (RuntimeError, OSError, ValueError) as e:
                 raise DeviceError(f"xclbin {path}: PYNQ cannot program {self.name!r} with it: {e}") from e
             self._xclbin = Path(path)
             self._compute_units = {k: list(v) for k, v in (compute_units or {}).items()}
@@ -113,14 +156,29 @@ class PynqDevice(BufferedDevice):
     def _target(self, tag: str | None) -> Any:
         if not tag:
             return None
-        for cand in (tag, re.sub(r"[\[\]]", "", tag)):
-            mem = getattr(self._ol, cand, None)
-            if mem is not None:
-                return mem
-        raise DeviceError(f"xclbin {self._xclbin}: PYNQ exposes no memory {tag!r} (overlay memories: {sorted(getattr(self._ol, 'mem_dict', {}))})")
+        try:
+            return getattr(self._ol, sanitized(tag))
+        except AttributeError:
+            raise DeviceError(f"xclbin {self._xclbin}: PYNQ exposes no memory {tag!r} (overlay memories: {sorted(self._ol.mem_dict)})") from None
 
     def _alloc(self, target: Any, size: int) -> Any:
         return self._pynq.allocate((size,), np.uint8, target=target)
+
+    def _check_fits(self, loaded: Loaded, cu: str, name: str, reg: Mapping[str, Any], nbytes: int) -> None:
+        tag = reg.get("memory")
+        if not tag or tag not in self._ol.mem_dict:
+            return
+        size = int(self._ol.mem_dict[tag].get("size", 0))
+        if nbytes <= size:
+            return
+        banks = reg.get("MBG") or [tag]
+        if len(banks) > 1:
+            raise DeviceError(
+                f"kernel {loaded.kernel.name!r} ({cu}): resident {name!r} ({nbytes} B) is connected to {banks[0]}..{banks[-1]}, "
+                f"but PYNQ 3.0 allocates it only in the last of them, {tag} ({size} B): its xclbin parser keeps one bank per "
+                "argument. Use the xrt backend (`--device xrt:0`) for tables larger than one pseudo-channel"
+            )
+        raise DeviceError(f"kernel {loaded.kernel.name!r} ({cu}): resident {name!r} ({nbytes} B) does not fit its bank {tag} ({size} B)")
 
     def _upload(self, loaded: Loaded, resident: dict[str, np.ndarray]) -> _PynqKernel:
         if self._ol is None:
@@ -134,6 +192,11 @@ class PynqDevice(BufferedDevice):
         )
         if not names:
             raise DeviceError(f"kernel {loaded.kernel.name!r}: no compute unit of {loaded.top!r} in xclbin {self._xclbin} (IPs: {sorted(ip_dict)})")
+        for cu in names:  # refuse before allocating anything
+            regs = ip_dict[cu].get("registers", {})
+            for a in loaded.args:
+                if a.role == "resident":
+                    self._check_fits(loaded, cu, a.name, regs.get(a.name, {}), resident[a.name].nbytes)
         cus = []
         uploaded: dict[tuple[int, Any], Any] = {}  # (arg, bank) -> buffer: CUs on one bank share a table
         for cu in names:
@@ -155,59 +218,88 @@ class PynqDevice(BufferedDevice):
             cus.append(_PynqCu(cu, getattr(self._ol, cu), targets, bufs))
         return _PynqKernel(cus, itertools.cycle(cus), threading.Lock())
 
-    def _execute(self, loaded: Loaded, values: dict[str, Any], timeout: float | None) -> dict[str, np.ndarray]:
+    def _next_cu(self, loaded: Loaded) -> _PynqCu:
         st: _PynqKernel = loaded.state
         with st.lock:
-            cu: _PynqCu = next(st.next_cu)
+            for _ in range(len(st.cus)):
+                cu = next(st.next_cu)
+                if not cu.hung:
+                    return cu
+        raise DeviceError(f"kernel {loaded.kernel.name!r} on {self.name!r}: every compute unit is hung; reset the card (`xbutil reset`) and reopen")
 
-        def call() -> dict[str, np.ndarray]:
-            taken = []
-            try:
-                args: list[Any] = []
-                outs = []
-                for i, a in enumerate(loaded.args):
-                    if a.role == "resident":
-                        args.append(cu.resident[i])
-                    elif a.role == "scalar":
-                        args.append(values[a.name])
-                    else:
-                        host = values[a.name]
-                        key, buf = self._pool.acquire(cu.targets[i], host.nbytes)
-                        taken.append((key, buf))
-                        n = host.nbytes
-                        buf[:n] = host.reshape(-1).view(np.uint8)
-                        if n:
-                            buf[:n].sync_to_device()  # outputs too: the kind hands them over as zeros
-                        args.append(buf)
-                        if a.role == "output":
-                            outs.append((a.name, host, buf))
-                try:
-                    cu.ip.start(*args).wait()
-                except RuntimeError as e:  # PYNQ reports a failed command this way
-                    raise DeviceError(f"kernel {loaded.kernel.name!r} (compute unit {cu.name}) on {self.name!r} failed: {e}") from e
-                result = {}
-                for name, host, buf in outs:
+    def _execute(self, loaded: Loaded, values: dict[str, Any], timeout: float | None) -> dict[str, np.ndarray]:
+        cu = self._next_cu(loaded)
+        what = f"kernel {loaded.kernel.name!r} (compute unit {cu.name}) on {self.name!r}"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        taken = []
+        reuse = True
+        try:
+            args: list[Any] = []
+            outs = []
+            for i, a in enumerate(loaded.args):
+                if a.role == "resident":
+                    args.append(cu.resident[i])
+                elif a.role == "scalar":
+                    args.append(values[a.name])
+                else:
+                    host = values[a.name]
+                    key, buf = self._pool.acquire(cu.targets[i], host.nbytes)
+                    taken.append((key, buf))
                     n = host.nbytes
+                    buf[:n] = host.reshape(-1).view(np.uint8)
                     if n:
-                        buf[:n].sync_from_device()
-                    result[name] = np.array(buf[:n], dtype=np.uint8, copy=True).view(host.dtype).reshape(host.shape)
-                return result
-            finally:
+                        buf[:n].sync_to_device()  # outputs too: the kind hands them over as zeros
+                    args.append(buf)
+                    if a.role == "output":
+                        outs.append((a.name, host, buf))
+            with self._ert:  # execute_bo appends to PYNQ's unlocked active_bos
+                wh = cu.ip.start(*args)
+            if not self._serve(wh, deadline):
+                reuse = False  # the command may still write its buffers
+                cu.hung = True
+                raise DeviceTimeout(f"{what} did not finish within {timeout:g} s; compute unit {cu.name} is marked hung")
+            # ErtWaitHandle._complete stores a failure in the future and wait() never raises it
+            # (xrt_device.py v3.0.1); the future is read here, where the failure is known.
+            failure = wh._future.exception()
+            if failure is not None:
+                raise DeviceError(f"{what} failed: {failure}")
+            result = {}
+            for name, host, buf in outs:
+                n = host.nbytes
+                if n:
+                    buf[:n].sync_from_device()
+                result[name] = np.array(buf[:n], dtype=np.uint8, copy=True).view(host.dtype).reshape(host.shape)
+            return result
+        finally:
+            if reuse:
                 for key, buf in taken:
                     self._pool.release(key, buf)
 
-        return self._with_timeout(call, timeout, f"kernel {loaded.kernel.name!r} (compute unit {cu.name})")
+    def _serve(self, wh: Any, deadline: float | None) -> bool:
+        """Service the card's completions until ``wh`` is done (True) or the deadline passes (False).
+
+        This is ``ErtWaitHandle.wait()`` (``while not done: device._handle_events(1000)``) in 1 ms
+        slices, each under the card lock, so no completion is lost and a deadline holds."""
+        while True:
+            with self._ert:
+                if wh.done:
+                    return True
+                wh.device._handle_events(_POLL_MS)
+                if wh.done:
+                    return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def _details(self) -> dict[str, Any]:
         return {"card": getattr(self._dev, "name", str(self._dev)), "xclbin": str(self._xclbin) if self._xclbin else None}
 
     def _description(self) -> str:
-        return "Alveo card through PYNQ 3.x"
+        return "Alveo card through PYNQ 3.0"
 
     def _shutdown(self) -> None:
         self._pool.close()
         for b in self._resident_bufs:
             b.freebuffer()
         self._resident_bufs.clear()
-        if self._ol is not None and hasattr(self._ol, "free"):
+        if self._ol is not None:
             self._ol.free()

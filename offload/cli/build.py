@@ -262,45 +262,51 @@ def probe_devices() -> list[dict]:
     except Exception as e:
         found.append({"backend": "emu", "available": False, "devices": [], "why": str(e)})
 
+    from offload.host.device import DeviceError
+    from offload.host.pynq import PYNQ_RANGE, pynq_too_new
+    from offload.host.xrt import count_devices, pyxrt_import_problem, xrt_api
+
     pyxrt = None
     try:
         import pyxrt  # type: ignore[import-not-found]
-    except ImportError:
-        found.append({"backend": "xrt", "available": False, "devices": [], "why": "no pyxrt: install XRT and `source /opt/xilinx/xrt/setup.sh`"})
+    except ImportError as e:
+        found.append({"backend": "xrt", "available": False, "devices": [], "why": pyxrt_import_problem(e)})
     xrt_ver = _xrt_version(pyxrt)
     if pyxrt is not None:
+        cards, err = [], ""
         try:
-            n = int(pyxrt.enumerate_devices())
-        except Exception as e:
+            n = count_devices(pyxrt, xrt_api(pyxrt))  # enumerate_devices only from XRT 2.17
+        except (RuntimeError, DeviceError) as e:  # DeviceError: XRT older than 2.12
             n, err = 0, str(e)
-        else:
-            err = ""
-        cards = []
         for i in range(n):
             try:
                 d = pyxrt.device(i)
                 cards.append(f"xrt:{i} {d.get_info(pyxrt.xrt_info_device.bdf)} {d.get_info(pyxrt.xrt_info_device.name)}")
-            except Exception as e:
+            except RuntimeError as e:
                 cards.append(f"xrt:{i} (cannot open: {e})")
         why = f"XRT {xrt_ver or 'version unknown'}" + (f"; {len(cards)} card(s)" if cards else f"; no card found{': ' + err if err else ''} (is the card flashed and the xocl driver loaded? `xbutil examine`)")
         found.append({"backend": "xrt", "available": bool(cards), "devices": cards, "why": why})
 
+    pynq_hint = f"PYNQ 3.0.x (pip install 'offload[pynq]', pynq{PYNQ_RANGE}) with XRT 2.12 .. 2.16"
     try:
         import pynq  # type: ignore[import-not-found]
     except ImportError:
-        found.append({"backend": "pynq", "available": False, "devices": [], "why": "no pynq: pip install 'offload[pynq]' (PYNQ 3.x, needs XRT <= 2.16)"})
+        found.append({"backend": "pynq", "available": False, "devices": [], "why": f"no pynq: needs {pynq_hint}"})
     else:
-        if xrt_ver and _version_tuple(xrt_ver) > _PYNQ_MAX_XRT:
-            found.append({"backend": "pynq", "available": False, "devices": [], "why": f"XRT {xrt_ver} is too new for PYNQ 3.x (needs XRT <= 2.16); use the xrt backend"})
+        pynq_ver = str(getattr(pynq, "__version__", "?"))
+        if pynq_too_new(pynq_ver):
+            found.append({"backend": "pynq", "available": False, "devices": [], "why": f"PYNQ {pynq_ver} probes no PCIe card (XrtDevice is deprecated from 3.1); needs {pynq_hint}"})
+        elif xrt_ver and _version_tuple(xrt_ver) > _PYNQ_MAX_XRT:
+            found.append({"backend": "pynq", "available": False, "devices": [], "why": f"XRT {xrt_ver} is too new for PYNQ 3.0 (it needs XRT 2.12 .. 2.16); use the xrt backend"})
         else:
             try:
                 devs = list(pynq.Device.devices)
-            except Exception as e:
+            except RuntimeError as e:
                 devs, err = [], str(e)
             else:
                 err = ""
             names = [f"pynq:{i} {getattr(d, 'name', d)}" for i, d in enumerate(devs)]
-            why = f"PYNQ {getattr(pynq, '__version__', '?')}" + (f"; {len(names)} card(s)" if names else f"; no card enumerated{': ' + err if err else ''}")
+            why = f"PYNQ {pynq_ver}" + (f"; {len(names)} card(s)" if names else f"; no card enumerated{': ' + err if err else ''}")
             found.append({"backend": "pynq", "available": bool(names), "devices": names, "why": why})
     return found
 

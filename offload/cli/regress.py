@@ -33,7 +33,7 @@ def _style(status: str) -> str:
               help="Catalogue entries to run: a glob (emb/sum/*) or a name prefix (mlp/); repeatable. Default: all.")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(min=1), help="Entries checked in parallel.")
 @click.option("--csynth", is_flag=True, help="Also run Vitis HLS C-synthesis and compare with the part's baselines.")
-@click.option("--cosim", is_flag=True, help="Also run C/RTL co-simulation with the golden vectors (needs vitis_hls).")
+@click.option("--cosim", is_flag=True, help="Also run C/RTL co-simulation with the golden vectors (needs vitis-run or vitis_hls).")
 @click.option("--part", default=R.DEFAULT_PART, show_default=True, help="Target part for --csynth/--cosim and its baselines.")
 @click.option("--clock", "clock_ns", default=R.DEFAULT_CLOCK_NS, show_default=True, type=float, help="Clock period in ns.")
 @click.option("--tolerance", default="", metavar="K=V,...",
@@ -93,7 +93,7 @@ def regress(patterns, jobs, csynth, cosim, part, clock_ns, tolerance, report, re
             _regenerate(console, sel, dev, golden_dir, jobs, prune=not patterns, reason=reason)
             return
         if (csynth or cosim) and R.vitis_hls() is None:
-            console.print("[yellow]vitis_hls not found on PATH: --csynth/--cosim stages are skipped "
+            console.print("[yellow]neither vitis-run nor vitis_hls is on PATH: --csynth/--cosim stages are skipped "
                           "(source Vitis's settings64.sh or set VITIS_HLS).[/yellow]")
         rep = _run(console, sel, dev, jobs=jobs, golden_root=golden_dir, csynth=csynth, cosim=cosim, part=part, clock_ns=clock_ns,
                    baselines_root=baselines_dir, tolerances=tol, update_baselines=update_baselines, workdir=workdir)

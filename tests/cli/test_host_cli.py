@@ -83,4 +83,4 @@ def test_devices_explain_why_not(fakes, monkeypatch):
     pyxrt.set_devices([])
     d = _devices()
     assert not d["xrt"]["available"] and "no card found" in d["xrt"]["why"]
-    assert not d["pynq"]["available"] and "XRT 2.17.319 is too new for PYNQ 3.x" in d["pynq"]["why"]
+    assert not d["pynq"]["available"] and "XRT 2.17.319 is too new for PYNQ 3.0 (it needs XRT 2.12 .. 2.16)" in d["pynq"]["why"]

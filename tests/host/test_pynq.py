@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from _host_util import assert_same, bundle_with_xclbin, fakes, sa  # noqa: F401
+from _host_util import assert_same, bundle_with_xclbin, pynq_fakes, sa  # noqa: F401
 from offload.host import DeviceError, DeviceTimeout, open_device
 
 
@@ -15,8 +15,8 @@ def _kernels():
     return [sa.make_kernel("sa", n=8, scale=3, seed=0), sa.make_kernel("sb", n=8, scale=9, seed=5)]
 
 
-def test_bundle_runs_on_pynq_like_sim(fakes, tmp_path):
-    _, pynq = fakes
+def test_bundle_runs_on_pynq_like_sim(pynq_fakes, tmp_path):
+    _, pynq = pynq_fakes
     b = bundle_with_xclbin(tmp_path, _kernels(), cus=2)
     dev, sim = open_device("pynq:0"), open_device("sim")
     hp, hs = dev.load_bundle(b), sim.load_bundle(b)
@@ -34,8 +34,8 @@ def test_bundle_runs_on_pynq_like_sim(fakes, tmp_path):
     assert pynq.stats["freed"] == allocated  # resident and pooled buffers all freed
 
 
-def test_failed_and_hung_runs(fakes, tmp_path):
-    _, pynq = fakes
+def test_failed_and_hung_runs(pynq_fakes, tmp_path):
+    _, pynq = pynq_fakes
     b = bundle_with_xclbin(tmp_path, _kernels())
     dev = open_device("pynq:0")
     h = dev.load_bundle(b)["sa"]
@@ -51,15 +51,15 @@ def test_failed_and_hung_runs(fakes, tmp_path):
     assert_same(dev.run(h, inp, timeout=5), ref.run(ref.load(b.kernels["sa"]), inp))
 
 
-def test_no_card_and_bad_spec(fakes):
-    _, pynq = fakes
-    with pytest.raises(DeviceError, match="PYNQ found 1 card.*XRT <= 2.16"):
+def test_no_card_and_bad_spec(pynq_fakes):
+    _, pynq = pynq_fakes
+    with pytest.raises(DeviceError, match=r"PYNQ found 1 card.*XRT 2.12 \.\. 2.16"):
         open_device("pynq:1")
     with pytest.raises(ValueError, match="card index"):
         open_device("pynq:0000:3b:00.1")
 
 
-def test_bundle_without_xclbin(fakes, tmp_path):
+def test_bundle_without_xclbin(pynq_fakes, tmp_path):
     from offload.host.bundle import load, save
 
     b = load(save(_kernels(), tmp_path / "plain"))
@@ -69,12 +69,12 @@ def test_bundle_without_xclbin(fakes, tmp_path):
 
 def test_missing_pynq_names_the_fix(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynq", None)
-    with pytest.raises(DeviceError, match=r"offload\[pynq\].*XRT <= 2.16"):
+    with pytest.raises(DeviceError, match=r"offload\[pynq\].*pynq>=3.0,<3.1"):
         open_device("pynq:0")
 
 
-def test_invalid_input_never_reaches_the_card(fakes, tmp_path):
-    _, pynq = fakes
+def test_invalid_input_never_reaches_the_card(pynq_fakes, tmp_path):
+    _, pynq = pynq_fakes
     b = bundle_with_xclbin(tmp_path, _kernels())
     dev = open_device("pynq:0")
     h = dev.load_bundle(b)["sa"]
@@ -86,7 +86,7 @@ def test_invalid_input_never_reaches_the_card(fakes, tmp_path):
 
 @pytest.mark.hardware
 def test_real_card_through_pynq():
-    """On a host with PYNQ 3.x, XRT <= 2.16 and an Alveo card: the card opens and reports itself."""
+    """On a host with PYNQ 3.0.x, XRT 2.12 .. 2.16 and an Alveo card: the card opens and reports itself."""
     from pathlib import Path
 
     from _host_util import FAKES
