@@ -27,7 +27,7 @@ def _want(b, inp):
 # -- 5: cards on XRT without enumerate_devices ---------------------------------------------------
 def test_devices_are_listed_on_every_xrt(fakes):
     """``enumerate_devices`` is bound only from XRT 2.17: older XRT is probed by opening cards."""
-    from offload._cli_build import probe_devices
+    from offload.cli.build import probe_devices
 
     pyxrt, _ = fakes
     pyxrt.set_devices([{"bdf": "0000:3b:00.1", "name": "u55c"}, {"bdf": "0000:d8:00.1", "name": "u250"}])
@@ -41,7 +41,7 @@ def test_xrt_older_than_2_12_is_refused(monkeypatch):
     install_fakes(monkeypatch, xrt="2.11")
     with pytest.raises(DeviceError, match=r"XRT 2\.12 or later"):
         open_device("xrt:0")
-    from offload._cli_build import probe_devices
+    from offload.cli.build import probe_devices
 
     xrt = next(f for f in probe_devices() if f["backend"] == "xrt")
     assert not xrt["available"] and "2.12 or later" in xrt["why"]
@@ -169,7 +169,7 @@ def test_pyxrt_built_for_another_python_is_named(monkeypatch, tmp_path):
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     with pytest.raises(DeviceError, match=rf"installed but Python {py} cannot import it.*version mismatch.*system Python"):
         open_device("xrt:0")
-    from offload._cli_build import probe_devices
+    from offload.cli.build import probe_devices
 
     xrt = next(f for f in probe_devices() if f["backend"] == "xrt")
     assert f"Python {py} cannot import it" in xrt["why"] and "no pyxrt" not in xrt["why"]
