@@ -55,6 +55,8 @@ __all__ = [
     "container_dtype",
     "validate",
     "reference",
+    "check_tensors",
+    "tensor_shapes",
     "KIND",
 ]
 
@@ -438,6 +440,16 @@ def check_tensors(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> Non
         raise ValueError(f"tensors: unexpected {extra} for an embedding kernel of {spec.num_tables} table(s)")
 
 
+def tensor_shapes(spec: EmbeddingSpec) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every resident tensor: ``table{t}`` and, for row-wise tables, ``params{t}``."""
+    out: dict[str, tuple[int, ...]] = {}
+    for t, ts in enumerate(spec.tables):
+        out[f"table{t}"] = (ts.num_rows, ts.dim)
+        if ts.rowwise:
+            out[f"params{t}"] = (ts.num_rows, 2)
+    return out
+
+
 # ------------------------------------------------------------------------------------- reference
 
 
@@ -472,4 +484,4 @@ def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Ma
     return {"out": out}
 
 
-KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors))
+KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors, tensor_shapes))

@@ -271,4 +271,4 @@ def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[
     return {"y": simulate(spec.input_type, spec.layers, tensors, x)}
 
 
-KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors))
+KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, MlpSpec.tensor_shapes))

@@ -36,6 +36,9 @@ class KernelKind:
       (names, shapes, container dtypes, raw values inside their type's range): the reference and
       the C++ read raw bits differently once a value is outside its type, so such a kernel would
       silently disagree between devices.
+    - ``tensor_shapes(spec)`` (optional) gives the shape of every resident tensor the spec needs,
+      from the spec alone, so a bundle loader can refuse a tensor whose declared shape contradicts
+      the spec before it reads a byte of it.
     """
 
     name: str
@@ -43,6 +46,7 @@ class KernelKind:
     validate: Callable[[Any, Arrays, Arrays], None]
     reference: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]]
     check_tensors: Callable[[Any, Arrays], None] | None = None
+    tensor_shapes: Callable[[Any], Mapping[str, tuple[int, ...]]] | None = None
 
 
 @dataclass
