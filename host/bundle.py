@@ -153,8 +153,10 @@ def save(obj: Any, path: str | os.PathLike, *, name: str | None = None, meta: Ma
         kernels = []
         for ki, (kname, k) in enumerate(b.kernels.items()):
             tensors = {}
-            for tname, arr in k.tensors.items():
-                rel = f"tensors/{ki:03d}_{_SAFE.sub('_', kname)}.{_SAFE.sub('_', tname)}.bin"
+            for ti, (tname, arr) in enumerate(k.tensors.items()):
+                # The indices keep names unique after sanitising ("a.b" and "a_b"); the cut keeps
+                # them under the file system's 255 bytes.
+                rel = f"tensors/{ki:03d}_{ti:03d}_{_SAFE.sub('_', kname)[:64]}.{_SAFE.sub('_', tname)[:64]}.bin"
                 tensors[tname] = _tensor_entry(stage, rel, arr)
             kernels.append({"name": kname, "kind": k.kind, "spec": k.spec.to_json(), "tensors": tensors})
         manifest: dict[str, Any] = {"format": FORMAT, "version": VERSION, "name": b.name, "kernels": kernels, "meta": b.meta, "xclbin": None}

@@ -65,7 +65,7 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
     con = _console()
     b = _load_bundle(bundle)
     project = hb.write_project(b, target, out, platform=platform, compute_units=cus)
-    con.print(f"[bold]Vitis project[/] for [cyan]{escape(b.name)}[/] on {project.card.name} ({project.platform}): {escape(str(project.root))}", soft_wrap=True)
+    con.print(f"[bold]Vitis project[/] for [cyan]{escape(_printable(b.name))}[/] on {project.card.name} ({project.platform}): {escape(str(project.root))}", soft_wrap=True)
 
     with con.status("C-simulating kernels against the reference (g++)..."):
         try:

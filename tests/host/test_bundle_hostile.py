@@ -299,6 +299,15 @@ def test_version_1_bundles_still_load_unsealed(tmp_path):
     assert load(p).manifest_sha256 == _manifest_of(p)["manifest_sha256"]
 
 
+def test_tensor_names_that_sanitise_alike_get_their_own_files(tmp_path):
+    spec = sa.make_kernel("k", n=4).spec
+    k = Kernel("k" * 200, spec, {"bias": np.arange(4, dtype=np.int32), "a.b": np.ones(2, np.int8), "a_b": np.zeros(2, np.int8)})
+    files = [te["file"] for te in _manifest_of(save([k], tmp_path / "m"))["kernels"][0]["tensors"].values()]
+    assert len(set(files)) == 3 and all(len(Path(f).name) <= 255 for f in files)
+    got = load(tmp_path / "m").kernels["k" * 200].tensors
+    assert got["a.b"].tolist() == [1, 1] and got["a_b"].tolist() == [0, 0]
+
+
 def test_save_writes_only_the_allowed_dtypes(tmp_path):
     k = sa.make_kernel("c", n=4)
     for bad in (np.complex64, np.longdouble):
