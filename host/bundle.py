@@ -270,7 +270,11 @@ def _open_inside(root_fd: int, rel: str, where: str, what: str) -> tuple[Any, in
             except OSError as e:
                 # A link fails as ELOOP (a file) or ENOTDIR (O_DIRECTORY on Linux): ask what it is.
                 here = "/".join(parts[:i + 1])
-                if stat.S_ISLNK(os.stat(part, dir_fd=dfd, follow_symlinks=False).st_mode):
+                try:
+                    link = stat.S_ISLNK(os.stat(part, dir_fd=dfd, follow_symlinks=False).st_mode)
+                except OSError:  # gone meanwhile: report the open's error
+                    link = False
+                if link:
                     raise BundleError(f"{where}: {what}: {here} is a symbolic link; a bundle may hold only its own regular files") from None
                 if e.errno == errno.ENOTDIR:
                     raise BundleError(f"{where}: {what}: {here} is not a folder") from None
@@ -374,6 +378,8 @@ def load(path: str | os.PathLike) -> Bundle:
         raise BundleError(f"{root} is not an offload bundle: no such folder") from None
     except NotADirectoryError:
         raise BundleError(f"{root} is not an offload bundle: not a folder") from None
+    except OSError as e:
+        raise BundleError(f"{root}: cannot open the bundle folder: {e.strerror}") from None
     try:
         return _load(root, root_fd, where)
     finally:
@@ -404,7 +410,7 @@ def _load(root: Path, root_fd: int, where: str) -> Bundle:
             raise BundleError(f"{where}: kernels[{ki}].kind: kernel {kname!r} has unknown kind {kind_name!r} ({e.args[0]})") from None
         try:
             spec = kind.spec_from_json(ke["spec"])
-        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # what parsing a hostile dict raises
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as e:  # what parsing a hostile dict raises
             raise BundleError(f"{where}: kernels[{ki}].spec: kernel {kname!r}: invalid {kind_name} spec: {e}") from None
         _declared(where, ki, kname, kind, spec, ke["tensors"])
         plan.append((ki, kname, kind, spec, ke["tensors"]))

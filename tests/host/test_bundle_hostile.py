@@ -228,6 +228,32 @@ def test_malformed_specs_are_bundle_errors(tmp_path, spec):
     _refused(p, "kernels[0].spec: kernel 'emb_sum_int8_rowwise_d16_bag20_t1': invalid embedding spec")
 
 
+def _spec_paths(node, path=()):
+    yield path
+    items = node.items() if isinstance(node, dict) else enumerate(node[:2]) if isinstance(node, list) else ()
+    for key, value in items:
+        yield from _spec_paths(value, (*path, key))
+
+
+@pytest.mark.parametrize("kind", ["embedding", "mlp"])
+def test_every_field_of_a_spec_given_a_wrong_value_is_a_bundle_error(tmp_path, kind):
+    """Each kind's spec_from_json meets hostile values; what escapes it must become a BundleError."""
+    from offload.kernels.catalogue import entries
+
+    entry = next(e for e in entries() if e.kind == kind)
+    p = save([entry.build().kernel], tmp_path / kind)
+    m = _manifest_of(p)
+    refused = 0
+    for path in list(_spec_paths(m["kernels"][0]["spec"]))[1:]:
+        for value in (None, -1, 10**30, "x", [], {"a": 1}, True):
+            _write(p, _edit(m, ["kernels", 0, "spec", *path], value))
+            try:
+                load(p)
+            except BundleError:
+                refused += 1
+    assert refused > 50  # most of these are refused; the rest load (a value the spec allows) or fail the test
+
+
 # ---------------------------------------------------------------------------- 4. keys, names, digest
 
 
