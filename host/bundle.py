@@ -252,45 +252,46 @@ _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = _NOFOLLOW | os.O_NONBLOCK
 
 
+def _open_step(dfd: int, part: str, flags: int, here: str, rel: str, where: str, what: str) -> int:
+    try:
+        return os.open(part, flags, dir_fd=dfd)
+    except FileNotFoundError:
+        raise BundleError(f"{where}: {what} file {rel} is missing") from None
+    except OSError as e:
+        # A link fails as ELOOP (a file) or ENOTDIR (O_DIRECTORY on Linux): ask what it is.
+        try:
+            link = stat.S_ISLNK(os.stat(part, dir_fd=dfd, follow_symlinks=False).st_mode)
+        except OSError:  # gone meanwhile: report the open's error
+            link = False
+        if link:
+            raise BundleError(f"{where}: {what}: {here} is a symbolic link; a bundle may hold only its own regular files") from None
+        if e.errno == errno.ENOTDIR:
+            raise BundleError(f"{where}: {what}: {here} is not a folder") from None
+        raise BundleError(f"{where}: {what} file {rel} cannot be opened: {e.strerror}") from None
+
+
 def _open_inside(root_fd: int, rel: str, where: str, what: str) -> tuple[Any, int]:
     """Open ``rel`` below the bundle folder: every component a real folder or regular file, none a link.
 
     Each step is opened relative to the one before (``dir_fd``) with ``O_NOFOLLOW``, so a link
     swapped in between a check and the open is still refused. Returns ``(binary file, size)``.
     """
-    parts = rel.split("/")
-    dfd, opened = root_fd, []
+    *folders, name = rel.split("/")
+    opened: list[int] = []
     try:
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            try:
-                fd = os.open(part, _FILE_FLAGS if last else _NOFOLLOW | os.O_DIRECTORY, dir_fd=dfd)
-            except FileNotFoundError:
-                raise BundleError(f"{where}: {what} file {rel} is missing") from None
-            except OSError as e:
-                # A link fails as ELOOP (a file) or ENOTDIR (O_DIRECTORY on Linux): ask what it is.
-                here = "/".join(parts[:i + 1])
-                try:
-                    link = stat.S_ISLNK(os.stat(part, dir_fd=dfd, follow_symlinks=False).st_mode)
-                except OSError:  # gone meanwhile: report the open's error
-                    link = False
-                if link:
-                    raise BundleError(f"{where}: {what}: {here} is a symbolic link; a bundle may hold only its own regular files") from None
-                if e.errno == errno.ENOTDIR:
-                    raise BundleError(f"{where}: {what}: {here} is not a folder") from None
-                raise BundleError(f"{where}: {what} file {rel} cannot be opened: {e.strerror}") from None
-            if last:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    os.close(fd)
-                    raise BundleError(f"{where}: {what}: {rel} is not a regular file")
-                return os.fdopen(fd, "rb"), st.st_size
-            opened.append(fd)
-            dfd = fd
+        dfd = root_fd
+        for i, part in enumerate(folders):
+            dfd = _open_step(dfd, part, _NOFOLLOW | os.O_DIRECTORY, "/".join(folders[:i + 1]), rel, where, what)
+            opened.append(dfd)
+        fd = _open_step(dfd, name, _FILE_FLAGS, rel, rel, where, what)
     finally:
-        for fd in opened:
-            os.close(fd)
-    raise AssertionError("unreachable")  # pragma: no cover
+        for d in opened:
+            os.close(d)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise BundleError(f"{where}: {what}: {rel} is not a regular file")
+    return os.fdopen(fd, "rb"), st.st_size
 
 
 def _hash_and_read(f: Any, nbytes: int, keep: bool) -> tuple[str, bytes | None]:
