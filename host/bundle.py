@@ -4,13 +4,20 @@ Layout of a bundle directory::
 
     manifest.json          format + version, kernels (kind, spec.to_json()), tensors (file, shape,
                            dtype, nbytes, sha256), optional xclbin (file, uuid, target, platform,
-                           compute units, sha256) and a free ``meta`` dict
+                           compute units, sha256), a free ``meta`` dict, and ``manifest_sha256``:
+                           the digest of everything else (see ``offload.host._manifest``)
     tensors/*.bin          raw little-endian array bytes, C order (no pickle, no code)
     offload.xclbin         optional, recorded by ``offload build --vitis``
 
-Loading checks the format version and every file's size and sha256; a missing, truncated or
-altered file is refused with a :class:`BundleError` naming it. Torch is never imported: a bundle
-loads and runs on a machine without it.
+A bundle is hostile input until checked. Loading refuses, with a :class:`BundleError` naming the
+field or file: a manifest over its size or depth limit or off its schema; an edited manifest (its
+digest); a symbolic link or anything but a regular file inside the folder; a tensor whose declared
+shape x dtype is not its nbytes, its file size or the shape its kernel's spec needs (all before a
+byte of it is read); a missing, truncated or altered file (sha256); and tensors the kernel's kind
+refuses (``check_tensors``, the check a device runs at load). Tensors of 16 MiB or more are
+memory-mapped read-only rather than read whole. Version 1 bundles (written before the digest) still
+load, with ``manifest_sha256 = None``. Torch is never imported: a bundle loads and runs on a
+machine without it.
 
 Example::
 
@@ -22,11 +29,14 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
+import stat
 import tempfile
 import uuid as _uuid
 from dataclasses import dataclass, field
@@ -35,14 +45,16 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from offload.host import _manifest
+from offload.host._manifest import DTYPES, FORMAT, VERSION
 from offload.kernels.registry import Kernel, get_kind
 from offload.sim.errors import BundleError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
-__all__ = ["Bundle", "BundleError", "save", "load", "record_xclbin", "xclbin_uuid", "FORMAT", "VERSION"]
+__all__ = ["Bundle", "BundleError", "save", "load", "record_xclbin", "xclbin_uuid", "FORMAT", "VERSION", "DTYPES", "MMAP_MIN_BYTES"]
 
-FORMAT = "offload-bundle"
-VERSION = 1
 MANIFEST = "manifest.json"
+# Tensors this large are memory-mapped (read-only) instead of copied into memory at load.
+MMAP_MIN_BYTES = 16 << 20
 _XCLBIN_NAME = "offload.xclbin"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -64,6 +76,7 @@ class Bundle:
     platform: str | None = None
     compute_units: dict[str, list[str]] = field(default_factory=dict)
     path: Path | None = None
+    manifest_sha256: str | None = None  # the verified digest of a loaded manifest; None: version 1
 
     def offload_kernels(self) -> list[Kernel]:
         return list(self.kernels.values())
@@ -96,9 +109,9 @@ def _as_bundle(obj: Any, name: str | None, meta: Mapping[str, Any] | None) -> Bu
     if not b.kernels:
         raise ValueError("save: no kernels to save")
     try:
-        json.dumps(b.meta)
+        json.dumps(b.meta, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"save: meta must be JSON-serialisable (str, numbers, lists, dicts): {e}") from None
+        raise TypeError(f"save: meta must be JSON-serialisable (str, finite numbers, lists, dicts): {e}") from None
     return b
 
 
@@ -112,8 +125,8 @@ def _sha256(path: Path) -> str:
 
 def _tensor_entry(root: Path, rel: str, arr: np.ndarray) -> dict[str, Any]:
     a = np.asarray(arr)
-    if a.dtype.kind not in "biufc" or a.dtype.hasobject:
-        raise TypeError(f"save: tensor {rel} has dtype {a.dtype}; only numeric arrays are stored")
+    if a.dtype.newbyteorder("<").str not in DTYPES:
+        raise TypeError(f"save: tensor {rel} has dtype {a.dtype}; a bundle stores only {', '.join(DTYPES)}")
     a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
     data = a.tobytes(order="C")
     (root / rel).write_bytes(data)
@@ -132,14 +145,18 @@ def save(obj: Any, path: str | os.PathLike, *, name: str | None = None, meta: Ma
     if dest.exists() and not (dest / MANIFEST).is_file() and (not dest.is_dir() or any(dest.iterdir())):
         raise FileExistsError(f"save: {dest} exists and is not an offload bundle; refusing to overwrite it")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    # mkdir, not mkdtemp: mkdtemp makes 0700 whatever the umask, and the stage becomes the bundle.
+    stage = dest.parent / f".{dest.name}.{secrets.token_hex(8)}"
+    stage.mkdir()
     try:
         (stage / "tensors").mkdir()
         kernels = []
         for ki, (kname, k) in enumerate(b.kernels.items()):
             tensors = {}
-            for tname, arr in k.tensors.items():
-                rel = f"tensors/{ki:03d}_{_SAFE.sub('_', kname)}.{_SAFE.sub('_', tname)}.bin"
+            for ti, (tname, arr) in enumerate(k.tensors.items()):
+                # The indices keep names unique after sanitising ("a.b" and "a_b"); the cut keeps
+                # them under the file system's 255 bytes.
+                rel = f"tensors/{ki:03d}_{ti:03d}_{_SAFE.sub('_', kname)[:64]}.{_SAFE.sub('_', tname)[:64]}.bin"
                 tensors[tname] = _tensor_entry(stage, rel, arr)
             kernels.append({"name": kname, "kind": k.kind, "spec": k.spec.to_json(), "tensors": tensors})
         manifest: dict[str, Any] = {"format": FORMAT, "version": VERSION, "name": b.name, "kernels": kernels, "meta": b.meta, "xclbin": None}
@@ -162,8 +179,10 @@ def save(obj: Any, path: str | os.PathLike, *, name: str | None = None, meta: Ma
 
 
 def _write_manifest(root: Path, manifest: Mapping[str, Any]) -> None:
+    # One file holds the manifest and its digest, so one rename replaces both at once.
     tmp = root / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+    tmp.unlink(missing_ok=True)  # never write through a planted link
+    tmp.write_bytes(_manifest.seal(manifest))
     os.replace(tmp, root / MANIFEST)
 
 
@@ -217,80 +236,205 @@ def record_xclbin(
     """Copy a built xclbin into the bundle and record its UUID, target card and compute units."""
     root = Path(bundle_path)
     b = load(root)  # verifies the rest first
+    (root / (_XCLBIN_NAME + ".tmp")).unlink(missing_ok=True)  # never write through a planted link
     shutil.copyfile(xclbin, root / (_XCLBIN_NAME + ".tmp"))
     os.replace(root / (_XCLBIN_NAME + ".tmp"), root / _XCLBIN_NAME)
-    manifest = json.loads((root / MANIFEST).read_text())
+    manifest = _manifest.parse((root / MANIFEST).read_bytes(), f"bundle {root}")
     manifest["xclbin"] = _xclbin_entry(root / _XCLBIN_NAME, uuid, target, platform, compute_units or {})
     _write_manifest(root, manifest)
     return load(root)
 
 
-def _checked_file(root: Path, entry: Mapping[str, Any], what: str) -> Path:
-    rel = entry.get("file")
-    if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise BundleError(f"bundle {root}: {what} names an invalid file {rel!r}")
-    p = root / rel
-    if not p.is_file():
-        raise BundleError(f"bundle {root}: {what} file {rel} is missing")
-    size = p.stat().st_size
-    if size != entry.get("nbytes"):
-        raise BundleError(f"bundle {root}: {what} file {rel} has {size} bytes, the manifest records {entry.get('nbytes')} (truncated or replaced)")
-    if _sha256(p) != entry.get("sha256"):
-        raise BundleError(f"bundle {root}: {what} file {rel} does not match its sha256 (altered or corrupt)")
-    return p
+# ------------------------------------------------------------------------------------------ load
+
+_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO planted in a bundle must not wait for a writer (fstat refuses it next).
+_FILE_FLAGS = _NOFOLLOW | os.O_NONBLOCK
 
 
-def _load_tensor(root: Path, entry: Mapping[str, Any], what: str) -> np.ndarray:
+def _open_step(dfd: int, part: str, flags: int, here: str, rel: str, where: str, what: str) -> int:
     try:
-        dtype = np.dtype(entry["dtype"])
-        shape = tuple(int(s) for s in entry["shape"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise BundleError(f"bundle {root}: {what} has a malformed shape/dtype entry: {e}") from None
-    if dtype.kind not in "biufc" or dtype.hasobject:
-        raise BundleError(f"bundle {root}: {what} has non-numeric dtype {dtype}")
-    p = _checked_file(root, entry, what)
-    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != entry["nbytes"]:
-        raise BundleError(f"bundle {root}: {what} shape {shape} x {dtype} does not match {entry['nbytes']} bytes")
-    arr = np.fromfile(p, dtype=dtype).reshape(shape)
-    return arr.astype(dtype.newbyteorder("="), copy=False)
+        return os.open(part, flags, dir_fd=dfd)
+    except FileNotFoundError:
+        raise BundleError(f"{where}: {what} file {rel} is missing") from None
+    except OSError as e:
+        # A link fails as ELOOP (a file) or ENOTDIR (O_DIRECTORY on Linux): ask what it is.
+        try:
+            link = stat.S_ISLNK(os.stat(part, dir_fd=dfd, follow_symlinks=False).st_mode)
+        except OSError:  # gone meanwhile: report the open's error
+            link = False
+        if link:
+            raise BundleError(f"{where}: {what}: {here} is a symbolic link; a bundle may hold only its own regular files") from None
+        if e.errno == errno.ENOTDIR:
+            raise BundleError(f"{where}: {what}: {here} is not a folder") from None
+        raise BundleError(f"{where}: {what} file {rel} cannot be opened: {e.strerror}") from None
+
+
+def _open_inside(root_fd: int, rel: str, where: str, what: str) -> tuple[Any, int]:
+    """Open ``rel`` below the bundle folder: every component a real folder or regular file, none a link.
+
+    Each step is opened relative to the one before (``dir_fd``) with ``O_NOFOLLOW``, so a link
+    swapped in between a check and the open is still refused. Returns ``(binary file, size)``.
+    """
+    *folders, name = rel.split("/")
+    opened: list[int] = []
+    try:
+        dfd = root_fd
+        for i, part in enumerate(folders):
+            dfd = _open_step(dfd, part, _NOFOLLOW | os.O_DIRECTORY, "/".join(folders[:i + 1]), rel, where, what)
+            opened.append(dfd)
+        fd = _open_step(dfd, name, _FILE_FLAGS, rel, rel, where, what)
+    finally:
+        for d in opened:
+            os.close(d)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise BundleError(f"{where}: {what}: {rel} is not a regular file")
+    return os.fdopen(fd, "rb"), st.st_size
+
+
+def _hash_and_read(f: Any, nbytes: int, keep: bool) -> tuple[str, bytes | None]:
+    h = hashlib.sha256()
+    if keep:
+        data = f.read(nbytes)
+        h.update(data)
+        return h.hexdigest(), data
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    while n := f.readinto(buf):
+        h.update(view[:n])
+    return h.hexdigest(), None
+
+
+def _checked_file(root_fd: int, entry: Mapping[str, Any], where: str, what: str, keep: bool) -> tuple[Any, bytes | None]:
+    """Open the file, compare its size to ``nbytes`` (before reading), then its sha256."""
+    rel, nbytes = entry["file"], entry["nbytes"]
+    f, size = _open_inside(root_fd, rel, where, what)
+    try:
+        if size != nbytes:
+            raise BundleError(f"{where}: {what} file {rel} has {size} bytes, the manifest records {nbytes} (truncated or replaced)")
+        digest, data = _hash_and_read(f, nbytes, keep)
+        if digest != entry["sha256"] or (data is not None and len(data) != nbytes):
+            raise BundleError(f"{where}: {what} file {rel} does not match its sha256 (altered or corrupt)")
+    except BaseException:
+        f.close()
+        raise
+    return f, data
+
+
+def _read_tensor(root_fd: int, entry: Mapping[str, Any], where: str, what: str) -> np.ndarray:
+    dtype, shape, nbytes = np.dtype(entry["dtype"]), tuple(entry["shape"]), entry["nbytes"]
+    big = nbytes >= MMAP_MIN_BYTES
+    f, data = _checked_file(root_fd, entry, where, what, keep=not big)
+    with f:
+        # Read-only either way: a loaded bundle is what was verified; np.memmap keeps its own mapping.
+        arr = np.memmap(f, dtype=dtype, mode="r", shape=shape) if big else np.frombuffer(data, dtype=dtype).reshape(shape)
+    if not arr.dtype.isnative:  # a big-endian host: one converted copy
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+        arr.setflags(write=False)
+    return arr
+
+
+def _declared(where: str, ki: int, kname: str, kind: Any, spec: Any, tensors: Mapping[str, Any]) -> None:
+    """Shapes, dtypes and sizes as the manifest declares them, against each other and the spec."""
+    for t, te in tensors.items():
+        field = _manifest.field_path(["kernels", ki, "tensors", t])
+        count = 1
+        for s in te["shape"]:
+            count *= s
+        if count * np.dtype(te["dtype"]).itemsize != te["nbytes"]:
+            raise BundleError(f"{where}: {field}.nbytes: shape {te['shape']} x {te['dtype']} is {count * np.dtype(te['dtype']).itemsize} bytes, the manifest records {te['nbytes']}")
+    if kind.tensor_shapes is None:
+        return
+    want = {n: list(s) for n, s in kind.tensor_shapes(spec).items()}
+    if set(want) != set(tensors):
+        raise BundleError(f"{where}: kernels[{ki}].tensors: kernel {kname!r} ({kind.name}) needs tensors {sorted(want)}, the manifest lists {sorted(tensors)}")
+    for t, te in tensors.items():
+        if te["shape"] != want[t]:
+            raise BundleError(f"{where}: {_manifest.field_path(['kernels', ki, 'tensors', t, 'shape'])}: {te['shape']} contradicts kernel {kname!r}'s spec, which needs {want[t]}")
+
+
+def _read_manifest(root_fd: int, where: str) -> Any:
+    try:
+        os.stat(MANIFEST, dir_fd=root_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise BundleError(f"{where} is not an offload bundle: {MANIFEST} is missing") from None
+    f, size = _open_inside(root_fd, MANIFEST, where, "manifest")
+    with f:
+        if size > _manifest.MAX_MANIFEST_BYTES:  # refused before reading it
+            raise BundleError(f"{where}: {MANIFEST} is {size} bytes, over the limit of {_manifest.MAX_MANIFEST_BYTES}")
+        data = f.read(_manifest.MAX_MANIFEST_BYTES + 1)
+    return _manifest.parse(data, where)
 
 
 def load(path: str | os.PathLike) -> Bundle:
-    """Read and verify a bundle directory written by :func:`save`."""
-    root = Path(path)
-    mpath = root / MANIFEST
-    if not mpath.is_file():
-        raise BundleError(f"{root} is not an offload bundle: {MANIFEST} is missing")
+    """Read and verify a bundle directory written by :func:`save` (see the module's docstring)."""
+    root, where = Path(path), f"bundle {path}"
     try:
-        manifest = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BundleError(f"bundle {root}: {MANIFEST} is not valid JSON: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise BundleError(f"bundle {root}: {MANIFEST} is not an {FORMAT} manifest")
-    ver = manifest.get("version")
-    if not isinstance(ver, int) or ver > VERSION or ver < 1:
-        raise BundleError(f"bundle {root}: format version {ver!r} is not supported (this offload reads versions 1..{VERSION}; upgrade offload)")
-    kernels: dict[str, Kernel] = {}
-    for ke in manifest.get("kernels") or []:
-        kname, kind_name = ke.get("name"), ke.get("kind")
+        # The folder itself may be reached through a link (deployments swap one to switch
+        # bundles); it is opened once, and everything inside is opened relative to it.
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise BundleError(f"{root} is not an offload bundle: no such folder") from None
+    except NotADirectoryError:
+        raise BundleError(f"{root} is not an offload bundle: not a folder") from None
+    except OSError as e:
+        raise BundleError(f"{root}: cannot open the bundle folder: {e.strerror}") from None
+    try:
+        return _load(root, root_fd, where)
+    finally:
+        os.close(root_fd)
+
+
+def _load(root: Path, root_fd: int, where: str) -> Bundle:
+    manifest = _read_manifest(root_fd, where)
+    sealed = _manifest.check(manifest, where)
+    names: set[str] = set()
+    files: set[str] = set()
+    for ki, ke in enumerate(manifest["kernels"]):
+        if ke["name"] in names:
+            raise BundleError(f"{where}: kernels[{ki}].name: two kernels are named {ke['name']!r}")
+        names.add(ke["name"])
+        for t, te in ke["tensors"].items():
+            if te["file"] in files:  # one file read as two tensors would alias them
+                raise BundleError(f"{where}: {_manifest.field_path(['kernels', ki, 'tensors', t, 'file'])}: {te['file']} is named by another tensor too")
+            files.add(te["file"])
+
+    # Every declaration is checked against its spec before any tensor's bytes are read.
+    plan = []
+    for ki, ke in enumerate(manifest["kernels"]):
+        kname, kind_name = ke["name"], ke["kind"]
         try:
             kind = get_kind(kind_name)
         except KeyError as e:
-            raise BundleError(f"bundle {root}: kernel {kname!r} has unknown kind {kind_name!r} ({e.args[0]})") from None
+            raise BundleError(f"{where}: kernels[{ki}].kind: kernel {kname!r} has unknown kind {kind_name!r} ({e.args[0]})") from None
         try:
             spec = kind.spec_from_json(ke["spec"])
-        except Exception as e:
-            raise BundleError(f"bundle {root}: kernel {kname!r}: invalid {kind_name} spec: {e}") from e
-        tensors = {t: _load_tensor(root, te, f"tensor {kname}.{t}") for t, te in (ke.get("tensors") or {}).items()}
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as e:  # what parsing a hostile dict raises
+            raise BundleError(f"{where}: kernels[{ki}].spec: kernel {kname!r}: invalid {kind_name} spec: {e}") from None
+        _declared(where, ki, kname, kind, spec, ke["tensors"])
+        plan.append((ki, kname, kind, spec, ke["tensors"]))
+
+    kernels: dict[str, Kernel] = {}
+    for ki, kname, kind, spec, entries in plan:
+        tensors = {t: _read_tensor(root_fd, te, where, f"tensor {kname}.{t}") for t, te in entries.items()}
+        if kind.check_tensors is not None:
+            # The check every device runs at load: a bundle that loads is one a device accepts.
+            try:
+                kind.check_tensors(spec, tensors)
+            except (ValueError, TypeError, KeyError) as e:
+                raise BundleError(f"{where}: kernels[{ki}].tensors: kernel {kname!r}: {e}") from None
         kernels[kname] = Kernel(kname, spec, tensors)
-    if not kernels:
-        raise BundleError(f"bundle {root}: holds no kernels")
-    b = Bundle(str(manifest.get("name") or root.name), kernels, dict(manifest.get("meta") or {}), path=root)
-    xe = manifest.get("xclbin")
-    if xe:
-        b.xclbin = _checked_file(root, xe, "xclbin")
-        b.xclbin_uuid = xe.get("uuid")
-        b.target = xe.get("target")
-        b.platform = xe.get("platform")
-        b.compute_units = {k: list(v) for k, v in (xe.get("compute_units") or {}).items()}
+
+    b = Bundle(manifest["name"] or root.name, kernels, manifest["meta"], path=root, manifest_sha256=sealed)
+    xe = manifest["xclbin"]
+    if xe is not None:
+        f, _ = _checked_file(root_fd, xe, where, "xclbin", keep=False)
+        f.close()
+        b.xclbin = root / xe["file"]
+        b.xclbin_uuid = xe["uuid"]
+        b.target = xe["target"]
+        b.platform = xe["platform"]
+        b.compute_units = {k: list(v) for k, v in xe["compute_units"].items()}
     return b

@@ -55,6 +55,8 @@ __all__ = [
     "container_dtype",
     "validate",
     "reference",
+    "check_tensors",
+    "tensor_shapes",
     "KIND",
 ]
 
@@ -440,6 +442,16 @@ def check_tensors(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> Non
         raise ValueError(f"tensors: unexpected {extra} for an embedding kernel of {spec.num_tables} table(s)")
 
 
+def tensor_shapes(spec: EmbeddingSpec) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every resident tensor: ``table{t}`` and, for row-wise tables, ``params{t}``."""
+    out: dict[str, tuple[int, ...]] = {}
+    for t, ts in enumerate(spec.tables):
+        out[f"table{t}"] = (ts.num_rows, ts.dim)
+        if ts.rowwise:
+            out[f"params{t}"] = (ts.num_rows, 2)
+    return out
+
+
 # ------------------------------------------------------------------------------------- reference
 
 
@@ -506,4 +518,4 @@ def golden_inputs(spec: EmbeddingSpec, rng: np.random.Generator, case: int) -> d
     return out
 
 
-KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors, golden_inputs))
+KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs, tensor_shapes=tensor_shapes))

@@ -287,4 +287,4 @@ def golden_inputs(spec: MlpSpec, rng: np.random.Generator, case: int) -> dict[st
     return {"x": x}
 
 
-KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, golden_inputs))
+KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs, tensor_shapes=MlpSpec.tensor_shapes))

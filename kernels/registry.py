@@ -41,6 +41,9 @@ class KernelKind:
     - ``golden_inputs(spec, rng, case)`` (optional) makes the inputs of golden case ``case`` for
       ``offload build``'s C-simulation check: case 0 adversarial (extremes, empty and full sizes),
       later cases random.
+    - ``tensor_shapes(spec)`` (optional) gives the shape of every resident tensor the spec needs,
+      from the spec alone, so a bundle loader can refuse a tensor whose declared shape contradicts
+      the spec before it reads a byte of it.
     """
 
     name: str
@@ -49,6 +52,7 @@ class KernelKind:
     reference: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]]
     check_tensors: Callable[[Any, Arrays], None] | None = None
     golden_inputs: Callable[[Any, np.random.Generator, int], dict[str, np.ndarray]] | None = None
+    tensor_shapes: Callable[[Any], Mapping[str, tuple[int, ...]]] | None = None
 
 
 @dataclass

@@ -30,13 +30,22 @@ def _console():
     return Console(highlight=False)
 
 
+def _printable(text: object) -> str:
+    """``text`` with control and other unprintable characters escaped as Python writes them.
+
+    Names in a bundle come from whoever wrote it: an ESC sequence printed raw could rewrite the
+    terminal (hide a line, fake a status); printed escaped, it shows for what it is.
+    """
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def _load_bundle(path: str):
     from offload.host.bundle import BundleError, load
 
     try:
         return load(path)
     except BundleError as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(_printable(e)) from None
 
 
 @click.command("build")
@@ -63,7 +72,7 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
     con = _console()
     b = _load_bundle(bundle)
     project = hb.write_project(b, target, out, platform=platform, compute_units=cus)
-    con.print(f"[bold]Vitis project[/] for [cyan]{escape(b.name)}[/] on {project.card.name} ({project.platform}): {escape(str(project.root))}", soft_wrap=True)
+    con.print(f"[bold]Vitis project[/] for [cyan]{escape(_printable(b.name))}[/] on {project.card.name} ({project.platform}): {escape(str(project.root))}", soft_wrap=True)
 
     with con.status("C-simulating kernels against the reference (g++)..."):
         try:
@@ -167,7 +176,11 @@ def _size(n: int) -> str:
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables.")
 def info_cmd(bundle: str, as_json: bool) -> None:
-    """What BUNDLE holds: kernels (kind, formats, tensors, sizes), xclbin and target card."""
+    """What BUNDLE holds: kernels (kind, formats, tensors, sizes), xclbin and target card.
+
+    The bundle is loaded as a device would load it (sizes, checksums, the manifest's digest and
+    each kind's tensor checks), so a bundle that passes here is one a device accepts.
+    """
     from rich.table import Table
 
     b = _load_bundle(bundle)
@@ -187,6 +200,7 @@ def info_cmd(bundle: str, as_json: bool) -> None:
     summary = {
         "name": b.name,
         "path": str(b.path),
+        "manifest_sha256": b.manifest_sha256,
         "meta": b.meta,
         "kernels": rows,
         "xclbin": None if b.xclbin is None else {"file": str(b.xclbin), "uuid": b.xclbin_uuid, "target": b.target, "platform": b.platform, "compute_units": b.compute_units},
@@ -197,20 +211,24 @@ def info_cmd(bundle: str, as_json: bool) -> None:
     from rich.markup import escape
 
     con = _console()
-    con.print(f"[bold]{escape(b.name)}[/]  {escape(str(b.path))}")
+    con.print(f"[bold]{escape(_printable(b.name))}[/]  {escape(_printable(b.path))}")
+    if b.manifest_sha256:
+        con.print(f"manifest: intact (sha256 {b.manifest_sha256})", markup=False, soft_wrap=True)
+    else:
+        con.print("manifest: not sealed (format version 1, written before manifest digests); re-save it to add one", markup=False, soft_wrap=True)
     if b.meta:
-        con.print("meta: " + ", ".join(f"{k}={v}" for k, v in b.meta.items()), markup=False)
+        con.print(_printable("meta: " + ", ".join(f"{k}={v}" for k, v in b.meta.items())), markup=False)
     t = Table(title="kernels")
     for col in ("kernel", "kind", "formats", "tensors", "size", "target"):
         t.add_column(col, overflow="fold")
     for r in rows:
         tens = ", ".join(f"{n} {tuple(d['shape'])} {d['dtype']}" for n, d in r["tensors"].items())
         cells = (r["kernel"], r["kind"], ", ".join(r["formats"]) or "-", tens, _size(r["bytes"]), b.target or "- (no xclbin)")
-        t.add_row(*(escape(c) for c in cells))
+        t.add_row(*(escape(_printable(c)) for c in cells))
     con.print(t)
     if b.xclbin is not None:
         cus = "; ".join(f"{top}: {len(v)} CU" for top, v in b.compute_units.items()) or "-"
-        con.print(f"xclbin {b.xclbin}  UUID {b.xclbin_uuid}  target {b.target} ({b.platform})  {cus}", markup=False, soft_wrap=True)
+        con.print(_printable(f"xclbin {b.xclbin}  UUID {b.xclbin_uuid}  target {b.target} ({b.platform})  {cus}"), markup=False, soft_wrap=True)
     else:
         con.print("no xclbin: runs on sim and emu; build one with `offload build BUNDLE --target CARD --out DIR --vitis`", markup=False, soft_wrap=True)
 

@@ -48,7 +48,7 @@ def test_round_trip_keeps_specs_and_tensors(tmp_path, make):
             np.testing.assert_array_equal(got.tensors[t], arr)
     assert b.meta["model"] == "ranker" and b.meta["features"] == 12
     m = json.loads((p / "manifest.json").read_text())
-    assert m["format"] == "offload-bundle" and m["version"] == 1
+    assert m["format"] == "offload-bundle" and m["version"] == 2 and b.manifest_sha256 == m["manifest_sha256"]
     entry = m["kernels"][0]["tensors"]["bias"]
     assert entry["dtype"] == "<i4" and entry["shape"] == [8] and len(entry["sha256"]) == 64
 
@@ -89,11 +89,18 @@ def test_missing_truncated_or_altered_files_are_refused(tmp_path):
     assert issubclass(BundleError, ValueError)
 
 
+def _write_sealed(p: Path, m: dict) -> None:
+    """Write ``m`` as the manifest with a recomputed digest, as an editor who knows the format would."""
+    from offload.host._manifest import digest
+
+    (p / "manifest.json").write_text(json.dumps({**m, "manifest_sha256": digest(m)}))
+
+
 def test_versions_and_malicious_manifests(tmp_path):
     p = save(_kernels(), tmp_path / "m")
     m = json.loads((p / "manifest.json").read_text())
     for change, words in [
-        ({"version": 2}, "format version 2 is not supported"),
+        ({"version": 3}, "format version 3 is not supported"),
         ({"format": "something-else"}, "is not an offload-bundle manifest"),
     ]:
         (p / "manifest.json").write_text(json.dumps({**m, **change}))
@@ -102,17 +109,17 @@ def test_versions_and_malicious_manifests(tmp_path):
     evil = json.loads(json.dumps(m))
     evil["kernels"][0]["tensors"]["bias"]["file"] = "../outside.bin"
     (p / "manifest.json").write_text(json.dumps(evil))
-    with pytest.raises(BundleError, match="invalid file '../outside.bin'"):
+    with pytest.raises(BundleError, match=r"kernels\[0\].tensors.bias.file: '../outside.bin' does not match"):
         load(p)
     evil = json.loads(json.dumps(m))
     evil["kernels"][0]["kind"] = "no_such_kind"
-    (p / "manifest.json").write_text(json.dumps(evil))
+    _write_sealed(p, evil)
     with pytest.raises(BundleError, match="'emb0' has unknown kind 'no_such_kind'"):
         load(p)
     evil = json.loads(json.dumps(m))
     evil["kernels"][0]["tensors"]["bias"]["dtype"] = "|O"
-    (p / "manifest.json").write_text(json.dumps(evil))
-    with pytest.raises(BundleError, match="non-numeric dtype"):
+    _write_sealed(p, evil)
+    with pytest.raises(BundleError, match=r"kernels\[0\].tensors.bias.dtype: '\|O' is not one of"):
         load(p)
 
 
