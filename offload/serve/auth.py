@@ -21,7 +21,7 @@ class BearerAuth:
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
-        self._want = f"Bearer {api_key}".encode()
+        self._want = api_key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"].startswith(_OPEN_PREFIX):
@@ -32,8 +32,10 @@ class BearerAuth:
             if k == b"authorization":
                 got = v
                 break
-        # Constant-time compare: response timing must not leak how much of the key matched.
-        if hmac.compare_digest(got, self._want):
+        # The scheme is case-insensitive (RFC 7235 section 2.1: "bearer" == "Bearer"); the token is
+        # compared in constant time: response timing must not leak how much of the key matched.
+        scheme, _, token = got.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), self._want):
             await self.app(scope, receive, send)
             return
         msg = "missing Authorization header" if not got else "invalid API key"
