@@ -6,6 +6,7 @@ bounded by a socket timeout."""
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import signal
 import socket
@@ -105,10 +106,12 @@ def test_held_half_heads_past_the_open_file_limit_do_not_lock_out_new_clients():
 
 
 # -- item 7: SIGTERM drain ---------------------------------------------------------------------------
-async def _client(port: int, stats: dict, stop: asyncio.Event) -> None:
-    """Closed-loop keep-alive client over raw sockets; honours ``Connection: close``. A request
+async def _client(port: int, stats: dict, stop: asyncio.Event, seed: int) -> None:
+    """Closed-loop keep-alive client over raw sockets with a think time of up to 5 ms (so that
+    SIGTERM finds connections idle between requests); honours ``Connection: close``. A request
     counts as dropped when it was sent whole and the connection ended with no answer."""
     req = _infer_bytes(auth="Bearer none")  # no key on this server: auth header is ignored
+    rng = random.Random(seed)
     while not stop.is_set():
         try:
             r, w = await asyncio.open_connection("127.0.0.1", port)
@@ -116,6 +119,7 @@ async def _client(port: int, stats: dict, stop: asyncio.Event) -> None:
             return  # listener closed: nothing sent, nothing lost
         try:
             while True:
+                await asyncio.sleep(rng.uniform(0, 0.005))
                 w.write(req)
                 await w.drain()
                 stats["sent"] += 1
@@ -144,7 +148,7 @@ def test_sigterm_under_load_answers_every_request_it_read():
             stop = asyncio.Event()
             # A keep-alive connection that is idle when SIGTERM comes: readiness is off on it.
             pr, pw = await asyncio.open_connection("127.0.0.1", s.port)
-            clients = [asyncio.ensure_future(_client(s.port, stats, stop)) for _ in range(64)]
+            clients = [asyncio.ensure_future(_client(s.port, stats, stop, i)) for i in range(64)]
             end = time.monotonic() + 30
             while stats.get(200, 0) < 300:
                 assert time.monotonic() < end, stats
@@ -160,8 +164,8 @@ def test_sigterm_under_load_answers_every_request_it_read():
 
         stats, probe = asyncio.run(go())
         assert s.proc.wait(timeout=30) == 0
-    assert status_of(probe) == 503 and b'"ready":false' in probe, probe
     assert stats["dropped"] == 0, stats
+    assert status_of(probe) == 503 and b'"ready":false' in probe, probe
     assert set(stats) <= {"sent", "dropped", "write_failed", 200, 503}, stats
 
 
