@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import orjson
@@ -77,11 +77,19 @@ class ScoringService:
         )
         self._request_hist = self.metrics.request_duration.labels(model=self.model.name)
         self._ok_counter = self.metrics.requests.labels(model=self.model.name, code="200")
+        self._responses: dict[int, Any] = {}
         self.metrics.fallbacks.labels(model=self.model.name)  # exported as 0 from the start, not absent
         self._started = False
         self.draining = False  # set first thing on SIGTERM: readiness goes off before anything closes
         self._timeout_s = cfg.request_timeout_ms / 1e3
         self.app = self._build()
+
+    def count_response(self, status: int) -> None:
+        """``offload_responses_total{code}`` += 1; labelled children cached (labels() locks)."""
+        child = self._responses.get(status)
+        if child is None:
+            child = self._responses[status] = self.metrics.responses.labels(code=str(status))
+        child.inc()
 
     async def _ensure_started(self) -> None:
         if not self._started:
@@ -115,9 +123,10 @@ class ScoringService:
         # Starlette answers "/v2/" with a redirect built from the client's Host header (an open
         # redirect); this service has no URL worth a redirect: such paths are 404s.
         inner.router.redirect_slashes = False
-        app = _InferFastPath(self, inner)
-        app = BearerAuth(app, self.config.api_key) if self.config.api_key else app
-        return _CountResponses(app, self.metrics)
+        # Every response is counted by status: the routed ones by a wrapper, the infer fast path
+        # and the key check's 401s where they answer (no wrapper on the hot path).
+        app = _InferFastPath(self, _CountResponses(inner, self.count_response))
+        return BearerAuth(app, self.config.api_key, count=self.count_response) if self.config.api_key else app
 
     # -- error pages: JSON, never a stack trace -------------------------------------------------
     async def _http_error(self, request: Request, exc: HTTPException) -> Response:
@@ -258,6 +267,7 @@ class ScoringService:
                 _log.exception("unhandled error in infer")
                 self.metrics.errors.labels(type="internal").inc()
                 status, out, headers = 500, orjson.dumps({"error": "internal error"}), {"content-type": "application/json"}
+        self.count_response(status)
         raw = [(b"content-length", str(len(out)).encode())]
         raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -281,13 +291,11 @@ class _InferFastPath:
 
 
 class _CountResponses:
-    """Counts every response by status (``offload_responses_total``): 401s of the key check, 404s
-    and 405s of the router, 500s, not just the infer route's answers."""
+    """Counts the responses of the routed app by status: 404s and 405s of the router, 500s."""
 
-    def __init__(self, app, metrics: ServeMetrics) -> None:
+    def __init__(self, app, count: Callable[[int], None]) -> None:
         self.app = app
-        self._counter = metrics.responses
-        self._children: dict[int, Any] = {}
+        self._count = count
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -308,12 +316,6 @@ class _CountResponses:
             if not started:  # uvicorn answers 500 for an app that raised before responding
                 self._count(500)
             raise
-
-    def _count(self, status: int) -> None:
-        child = self._children.get(status)
-        if child is None:
-            child = self._children[status] = self._counter.labels(code=str(status))
-        child.inc()
 
 
 def create_app(bundle: Any, config: ServeConfig | None = None, **kw: Any):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from typing import Callable
 
 import orjson
 
@@ -19,9 +20,10 @@ class BearerAuth:
         app = BearerAuth(app, api_key="s3cret")
     """
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_key: str, *, count: Callable[[int], None] | None = None) -> None:
         self.app = app
         self._want = api_key.encode()
+        self._count = count  # sees each 401 (the metrics' response counter)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"].startswith(_OPEN_PREFIX):
@@ -38,6 +40,8 @@ class BearerAuth:
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), self._want):
             await self.app(scope, receive, send)
             return
+        if self._count is not None:
+            self._count(401)
         msg = "missing Authorization header" if not got else "invalid API key"
         body = orjson.dumps({"error": f"unauthorized: {msg}; send 'Authorization: Bearer <key>'"})
         await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"www-authenticate", b"Bearer")]})

@@ -12,8 +12,9 @@ parsed. This subclass adds, per connection:
 - a cap on the request head (request line plus headers, ``max_head_bytes``, 431) enforced before
   the bytes reach the parser, a cap on the request line (``MAX_REQUEST_LINE``, 414) and on the
   header count (``MAX_HEADERS``, 431);
-- a deadline for the head (``header_timeout_s``, from accept or from the first byte of a later
-  request; 408 and close) and for the body (``body_timeout_s``, close);
+- a deadline for the head (``header_timeout_s``, from accept or from the first read of a later
+  request; 408 and close) and for the body (``body_timeout_s``, from the read that ended the
+  head; close);
 - a connection cap under the open-file limit: at ``max_connections`` a new connection closes the
   one that has waited longest for a request head (an idle keep-alive or a slowloris), as nginx
   reuses "reusable" idle connections when it runs out, so the server never hits EMFILE (libuv
@@ -115,8 +116,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- bytes in -----------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._head_open:
-            if self._head_seen == 0 and self._timer is None:  # first byte of a later request's head
-                self._arm(self.limits.header_timeout_s, self._head_timeout)
             room = self.limits.max_head_bytes - self._head_seen
             if len(data) > room:
                 heads = self._heads
@@ -127,13 +126,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                         self._send_error(431, f"request head exceeds {self.limits.max_head_bytes} bytes")
                     return
                 data = data[room:]
-                if self.transport.is_closing() or not data:
-                    return
             else:
                 self._head_seen += len(data)
-        # Bytes fed while not in a head may end a request and start the next one's head: those are
-        # uncounted, at most one socket read (256 KiB in uvloop), so the parse stays linear.
-        super().data_received(data)
+        if self.transport.is_closing():
+            return
+        if data:
+            # Bytes fed while not in a head may end a request and start the next one's head: those
+            # are uncounted, at most one socket read (256 KiB in uvloop), so the parse stays linear.
+            super().data_received(data)
+        # Timers only for a read that leaves a head or a body half-received: a request that came
+        # in one read (nearly all of them) costs no timer at all.
+        if self._timer is None and not self.transport.is_closing():
+            if not self._head_open:
+                self._arm(self.limits.body_timeout_s, self._body_timeout)
+            elif self._head_seen:
+                self._arm(self.limits.header_timeout_s, self._head_timeout)
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > MAX_REQUEST_LINE:
@@ -155,7 +162,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self._draining and self.cycle is not None:
             self.cycle.keep_alive = False  # answered, then closed
-        self._arm(self.limits.body_timeout_s, self._body_timeout)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -90,7 +90,7 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not is_loopback(host):
         logging.getLogger("offload.serve").warning("binding %s: the service is reachable from the network%s", host, "" if config.api_key else " WITHOUT an API key")
-    svc = ScoringService(load(bundle) if isinstance(bundle, (str, bytes)) or hasattr(bundle, "__fspath__") else bundle, config)
+    svc = ScoringService(load(bundle) if isinstance(bundle, (str, os.PathLike)) else bundle, config)
     responses = svc.metrics.responses
     limits = HttpLimits(
         max_head_bytes=config.max_head_bytes,
@@ -110,15 +110,22 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
         signal.signal(sig, _exit_cleanly)
     try:
         server.run()
-    finally:
-        if svc.runner.abandoned:
-            # A device call that never returned holds a thread interpreter exit would join (the
-            # bindings' own ThreadPoolExecutor workers): every answer is out, so leave now.
-            logging.getLogger("offload.serve").warning("%d device call(s) never returned; exiting without waiting for them", svc.runner.abandoned)
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+    except BaseException as e:
+        _leave_if_stuck(svc, 0 if isinstance(e, SystemExit) and not e.code else 1)
+        raise
+    _leave_if_stuck(svc, 0)
+
+
+def _leave_if_stuck(svc: Any, status: int) -> None:
+    """Ends the process at once when a device call or close never returned: the bindings' own
+    ThreadPoolExecutor workers would make interpreter exit wait for it forever. Every answer is
+    out by now."""
+    if svc.runner.abandoned:
+        logging.getLogger("offload.serve").warning("%d device call(s) never returned; exiting without waiting for them", svc.runner.abandoned)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _exit_cleanly(signum, frame) -> None:
