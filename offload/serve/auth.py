@@ -7,6 +7,8 @@ from typing import Callable
 
 import orjson
 
+from offload.serve.errors import Unauthorized, answer
+
 __all__ = ["BearerAuth"]
 
 _OPEN_PREFIX = "/v2/health/"
@@ -40,9 +42,10 @@ class BearerAuth:
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), self._want):
             await self.app(scope, receive, send)
             return
+        err = Unauthorized(f"unauthorized: {'missing Authorization header' if not got else 'invalid API key'}; send 'Authorization: Bearer <key>'")
+        status, _ = answer(err)
         if self._count is not None:
-            self._count(401)
-        msg = "missing Authorization header" if not got else "invalid API key"
-        body = orjson.dumps({"error": f"unauthorized: {msg}; send 'Authorization: Bearer <key>'"})
-        await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"www-authenticate", b"Bearer")]})
+            self._count(status)
+        body = orjson.dumps({"error": str(err)})
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"www-authenticate", b"Bearer")]})
         await send({"type": "http.response.body", "body": body})

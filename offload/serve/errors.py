@@ -2,7 +2,8 @@
 
 Every class is an :class:`offload.sim.errors.OffloadError`. A route never picks a status itself:
 it raises one of these, and :func:`answer` looks the class up in :data:`HTTP_STATUS`, which also
-gives the ``type`` label of ``offload_errors_total``.
+gives the ``type`` label of ``offload_errors_total``. (Only the router's own 404/405 for paths and
+methods no route has, and the 500 of an unexpected exception, come from elsewhere.)
 
 Example::
 
@@ -18,8 +19,12 @@ __all__ = [
     "ServeError",
     "RequestError",
     "InvalidRequest",
+    "Unauthorized",
     "UnknownModel",
     "BodyTooLarge",
+    "HeadTooLarge",
+    "UriTooLong",
+    "HeadTimeout",
     "QueueFull",
     "ShuttingDown",
     "DeviceUnavailable",
@@ -53,12 +58,28 @@ class InvalidRequest(RequestError):
     """A malformed infer body or header; the message names the field and the limit."""
 
 
+class Unauthorized(RequestError):
+    """No ``Authorization: Bearer <key>`` with the service's key."""
+
+
 class UnknownModel(RequestError, LookupError):
     """A model name or version this server does not serve."""
 
 
 class BodyTooLarge(RequestError):
     """A request body over ``max_body_bytes``."""
+
+
+class HeadTooLarge(RequestError):
+    """A request head over ``max_head_bytes`` or with too many header fields."""
+
+
+class UriTooLong(RequestError):
+    """A request target over the request-line limit."""
+
+
+class HeadTimeout(RequestError, TimeoutError):
+    """A request head not fully received within ``header_timeout_s``."""
 
 
 class QueueFull(ServeError, RuntimeError):
@@ -98,8 +119,12 @@ class DeviceAbandoned(DeviceTimeout):
 # The one place a serve error becomes an HTTP status (and the ``type`` label of offload_errors_total).
 HTTP_STATUS: dict[type[ServeError], tuple[int, str]] = {
     InvalidRequest: (400, "bad_request"),
+    Unauthorized: (401, "unauthorized"),
     UnknownModel: (404, "unknown_model"),
+    HeadTimeout: (408, "head_timeout"),
     BodyTooLarge: (413, "too_large"),
+    UriTooLong: (414, "uri_too_long"),
+    HeadTooLarge: (431, "head_too_large"),
     BadDeviceOutput: (500, "bad_output"),
     QueueFull: (503, "queue_full"),
     ShuttingDown: (503, "shutting_down"),

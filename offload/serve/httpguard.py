@@ -38,6 +38,8 @@ from typing import Callable
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from offload.serve.errors import HeadTimeout, HeadTooLarge, InvalidRequest, RequestError, UriTooLong, answer
+
 __all__ = ["HttpLimits", "guarded_protocol", "default_max_connections", "MAX_REQUEST_LINE", "MAX_HEADERS"]
 
 _log = logging.getLogger("offload.serve")
@@ -58,13 +60,14 @@ def default_max_connections() -> int:
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """Per-connection limits (see the module docstring); ``count`` sees every status sent here."""
+    """Per-connection limits (see the module docstring); ``count(status, error_type)`` sees every
+    answer sent here."""
 
     max_head_bytes: int
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
-    count: Callable[[int], None] | None = None
+    count: Callable[[int, str], None] | None = None
 
 
 class _Rejected(Exception):
@@ -87,7 +90,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_since = 0.0
         self._n_headers = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._reject: tuple[int, str] | None = None
+        self._reject: RequestError | None = None
         self._draining = False
 
     # -- connection ---------------------------------------------------------------------------
@@ -123,7 +126,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 super().data_received(data[:room])
                 if self._heads == heads:  # the cap was reached inside the head
                     if not self.transport.is_closing():
-                        self._send_error(431, f"request head exceeds {self.limits.max_head_bytes} bytes")
+                        self._send_error(HeadTooLarge(f"request head exceeds {self.limits.max_head_bytes} bytes"))
                     return
                 data = data[room:]
             else:
@@ -144,14 +147,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > MAX_REQUEST_LINE:
-            self._reject = (414, f"request target exceeds {MAX_REQUEST_LINE} bytes")
+            self._reject = UriTooLong(f"request target exceeds {MAX_REQUEST_LINE} bytes")
             raise _Rejected
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._n_headers += 1
         if self._n_headers > MAX_HEADERS:
-            self._reject = (431, f"more than {MAX_HEADERS} header fields")
+            self._reject = HeadTooLarge(f"more than {MAX_HEADERS} header fields")
             raise _Rejected
         super().on_header(name, value)
 
@@ -171,12 +174,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- answers of our own -------------------------------------------------------------------
     def send_400_response(self, msg: str) -> None:
-        status, msg = self._reject or (400, msg)
-        self._send_error(status, msg)
+        # uvicorn's answer to any parser error, ours (raised from a callback) included
+        self._send_error(self._reject or InvalidRequest(msg))
 
-    def _send_error(self, status: int, msg: str) -> None:
+    def _send_error(self, err: RequestError) -> None:
         self._disarm()
-        body = orjson.dumps({"error": msg})
+        status, kind = answer(err)
+        body = orjson.dumps({"error": str(err)})
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
@@ -184,7 +188,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write(b"".join(content))
         self.transport.close()
         if self.limits.count is not None:
-            self.limits.count(status)
+            self.limits.count(status, kind)
 
     # -- timers -------------------------------------------------------------------------------
     def _arm(self, delay: float, fn: Callable[[], None]) -> None:
@@ -201,7 +205,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing() or not self._evictable():
             return
         if self._head_seen:
-            self._send_error(408, f"request head not received within {self.limits.header_timeout_s:g} s")
+            self._send_error(HeadTimeout(f"request head not received within {self.limits.header_timeout_s:g} s"))
         else:
             self.transport.close()
 

@@ -91,13 +91,17 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
     if not is_loopback(host):
         logging.getLogger("offload.serve").warning("binding %s: the service is reachable from the network%s", host, "" if config.api_key else " WITHOUT an API key")
     svc = ScoringService(load(bundle) if isinstance(bundle, (str, os.PathLike)) else bundle, config)
-    responses = svc.metrics.responses
+
+    def count(status: int, error_type: str) -> None:
+        svc.count_response(status)
+        svc.metrics.errors.labels(type=error_type).inc()
+
     limits = HttpLimits(
         max_head_bytes=config.max_head_bytes,
         header_timeout_s=config.header_timeout_s,
         body_timeout_s=config.body_timeout_s,
         max_connections=config.max_connections or default_max_connections(),
-        count=lambda status: responses.labels(code=str(status)).inc(),
+        count=count,
     )
     # Everything loaded so far lives as long as the process: keep it out of every later
     # collection, so a full GC pass while serving scans only per-request garbage.

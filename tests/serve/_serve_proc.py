@@ -130,11 +130,22 @@ def raw_request(port: int, data: bytes, *, timeout: float = 10.0) -> bytes:
 
 
 def read_all(s: socket.socket) -> bytes:
+    """What the server sends until it closes (or resets) the connection or goes quiet."""
+    return read_until_close(s)[0]
+
+
+def read_until_close(s: socket.socket) -> tuple[bytes, bool]:
+    """What the server sends, and True if it closed or reset the connection (False: it went
+    quiet for the socket's timeout with the connection still open)."""
     chunks = []
-    with contextlib.suppress(ConnectionResetError, socket.timeout):
+    try:
         while chunk := s.recv(65536):
             chunks.append(chunk)
-    return b"".join(chunks)
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        return b"".join(chunks), False
+    return b"".join(chunks), True
 
 
 def status_of(response: bytes) -> int | None:

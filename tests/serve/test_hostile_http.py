@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from _serve_proc import OFFLOAD, raw_request, read_all, risk_bundle, serving, status_of
+from _serve_proc import OFFLOAD, raw_request, read_all, read_until_close, risk_bundle, serving, status_of
 
 from offload.serve.config import ServeConfig
 from offload.serve.errors import ConfigError
@@ -75,15 +75,16 @@ def test_a_slow_head_gets_408_and_a_slow_body_is_cut(srv):
     # slowloris: half a head, then silence. The server's head timeout is 1 s; the socket waits 10 s.
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
         s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        assert status_of(read_all(s)) == 408
-    # A connection that never sends a byte is closed too.
+        got, closed = read_until_close(s)
+        assert status_of(got) == 408 and closed, got
+    # A connection that never sends a byte is closed too, without an answer.
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
-        assert read_all(s) == b""
+        assert read_until_close(s) == (b"", True)
     # A body that stops half-way: the connection is closed, without an answer to a half request.
     whole = _infer_bytes()
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
         s.sendall(whole[: len(whole) - 20])
-        assert read_all(s) == b""
+        assert read_until_close(s) == (b"", True)
     assert httpx.post(f"{srv.url}/v2/models/risk/infer", content=INFER, headers={"Authorization": f"Bearer {KEY}"}, timeout=5).status_code == 200
 
 
@@ -221,3 +222,19 @@ def test_no_redirect_is_built_from_the_host_header(srv):
         r = raw_request(srv.port, b"GET " + path + b" HTTP/1.1\r\nHost: evil.example\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nConnection: close\r\n\r\n")
         assert b"evil.example" not in r, r[:300]
         assert status_of(r) not in (301, 302, 303, 307, 308), r[:300]
+
+
+def test_every_serve_error_has_its_status_in_the_one_table():
+    import inspect
+
+    from offload.serve import errors
+    from offload.sim.errors import OffloadError
+
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.ServeError) and c not in (errors.ServeError, errors.RequestError)]
+    assert len(classes) >= 12
+    for c in classes:
+        assert issubclass(c, OffloadError)
+        assert c in errors.HTTP_STATUS, f"{c.__name__} has no HTTP status"
+        status, kind = errors.answer(c("x"))
+        assert (status >= 500) == (not issubclass(c, errors.RequestError)), c
+    assert errors.answer(errors.InvalidRequest("x")) == (400, "bad_request")
