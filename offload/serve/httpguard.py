@@ -1,6 +1,7 @@
 """The HTTP/1.1 connection limits uvicorn's httptools protocol lacks, as a subclass of it.
 
-uvicorn 0.54 offers ``h11_max_incomplete_event_size`` for its h11 protocol only, and no read
+uvicorn 0.54 offers ``h11_max_incomplete_event_size`` for its h11 protocol only (``h11_impl.py``;
+h11 0.16's own default, ``DEFAULT_MAX_INCOMPLETE_EVENT_SIZE``, is the 16 KiB used here), and no read
 timeout for request heads or bodies under either protocol (``timeout_keep_alive`` covers idle
 time between requests; a connection that never completes its first request waits forever).
 httptools (0.9, ``parser.pyx``) appends each fragment of a header to the previous ones
