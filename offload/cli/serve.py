@@ -12,21 +12,27 @@ __all__ = ["serve_cmd"]
 @click.command("serve")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told otherwise).")
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: the OS picks one).")
 @click.option("--device", default="sim", show_default=True, help="sim | emu | xrt:N | pynq:N")
 @click.option("--max-batch-size", default=64, show_default=True, type=int, help="Rows per device call.")
 @click.option("--max-queue-delay-us", default=100, show_default=True, type=int, help="Longest wait for a fuller batch.")
 @click.option("--max-queue-size", default=1024, show_default=True, type=int, help="Queued requests beyond this get 503.")
 @click.option("--api-key", default=None, envvar="OFFLOAD_API_KEY", help="Require 'Authorization: Bearer KEY' (also $OFFLOAD_API_KEY).")
 @click.option("--fallback", type=click.Choice(["sim", "503"]), default="sim", show_default=True, help="On a device fault: re-run on the sim device, or answer 503.")
-@click.option("--request-timeout-ms", default=1000.0, show_default=True, type=float)
+@click.option("--request-timeout-ms", default=1000.0, show_default=True, type=float, help="Requests not answered by then get 504.")
+@click.option("--device-timeout-ms", default=1000.0, show_default=True, type=float, help="A device call past this is a fault (abandoned past 1.1x + 50 ms).")
+@click.option("--header-timeout-s", default=10.0, show_default=True, type=float, help="A request head not received by then closes the connection.")
+@click.option("--body-timeout-s", default=30.0, show_default=True, type=float, help="A request body not received by then closes the connection.")
+@click.option("--max-connections", default=None, type=int, help="Open connections before the longest-idle is closed for a new one [default: open-file limit - 64].")
+@click.option("--drain-timeout-s", default=30.0, show_default=True, type=float, help="On SIGTERM, how long requests already read may take to be answered.")
 @click.option("--ray", "use_ray", is_flag=True, help="Deploy with Ray Serve instead (one replica per card).")
 @click.option("--replicas", default=1, show_default=True, type=int, help="Ray Serve replicas.")
 @click.option("--ray-resource", default="fpga", show_default=True, help="Ray custom resource that marks a host's cards.")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
-def serve_cmd(bundle, host, port, device, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, use_ray, replicas, ray_resource, log_level):
+def serve_cmd(bundle, host, port, device, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, device_timeout_ms, header_timeout_s, body_timeout_s, max_connections, drain_timeout_s, use_ray, replicas, ray_resource, log_level):
     """Serve BUNDLE over the Open Inference Protocol v2 (KServe/Triton HTTP/REST)."""
     from offload.serve.config import ServeConfig
+    from offload.serve.errors import ConfigError
 
     try:
         cfg = ServeConfig(
@@ -35,10 +41,15 @@ def serve_cmd(bundle, host, port, device, max_batch_size, max_queue_delay_us, ma
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,
             request_timeout_ms=request_timeout_ms,
+            device_timeout_ms=device_timeout_ms,
             fallback=fallback,
             api_key=api_key,
+            header_timeout_s=header_timeout_s,
+            body_timeout_s=body_timeout_s,
+            max_connections=max_connections,
+            drain_timeout_s=drain_timeout_s,
         )
-    except ValueError as e:
+    except ConfigError as e:
         raise click.BadParameter(str(e)) from None
     if use_ray:
         from offload.serve.ray_serve import run_ray

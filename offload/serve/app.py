@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import orjson
@@ -19,12 +19,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from offload.serve.auth import BearerAuth
-from offload.serve.batcher import BatcherStopped, DynamicBatcher, QueueFull, RequestTimeout
+from offload.serve.batcher import DynamicBatcher
 from offload.serve.config import ServeConfig
-from offload.serve.faults import DeviceUnavailable, FailoverRunner
+from offload.serve.errors import BodyTooLarge, InvalidRequest, ServeError, UnknownModel, answer
+from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from offload.serve.model import ServedModel, served_model
-from offload.serve.oip import HEADER_LENGTH, OipError, encode_infer, parse_infer
+from offload.serve.oip import HEADER_LENGTH, encode_infer, parse_infer
 
 __all__ = ["create_app", "ScoringService"]
 
@@ -57,6 +58,7 @@ class ScoringService:
         self.runner = FailoverRunner(
             self.model.kernel,
             cfg.device,
+            n_out=self.model.output.width,
             fallback=cfg.fallback,
             metrics=self.metrics,
             model=self.model.name,
@@ -72,16 +74,22 @@ class ScoringService:
             max_queue_size=cfg.max_queue_size,
             metrics=self.metrics,
             model=self.model.name,
-            # The sim device computes in Python under the GIL: a worker thread would only add
-            # hand-offs and GIL convoys. Card devices wait with the GIL released: they get the thread.
-            inline=cfg.device == "sim",
         )
         self._request_hist = self.metrics.request_duration.labels(model=self.model.name)
         self._ok_counter = self.metrics.requests.labels(model=self.model.name, code="200")
+        self._responses: dict[int, Any] = {}
         self.metrics.fallbacks.labels(model=self.model.name)  # exported as 0 from the start, not absent
         self._started = False
+        self.draining = False  # set first thing on SIGTERM: readiness goes off before anything closes
         self._timeout_s = cfg.request_timeout_ms / 1e3
         self.app = self._build()
+
+    def count_response(self, status: int) -> None:
+        """``offload_responses_total{code}`` += 1; labelled children cached (labels() locks)."""
+        child = self._responses.get(status)
+        if child is None:
+            child = self._responses[status] = self.metrics.responses.labels(code=str(status))
+        child.inc()
 
     async def _ensure_started(self) -> None:
         if not self._started:
@@ -111,8 +119,14 @@ class ScoringService:
             Route("/metrics", self._metrics),
         ]
         handlers = {HTTPException: self._http_error, Exception: self._crash}
-        app = _InferFastPath(self, Starlette(routes=r, lifespan=self._lifespan, exception_handlers=handlers))
-        return BearerAuth(app, self.config.api_key) if self.config.api_key else app
+        inner = Starlette(routes=r, lifespan=self._lifespan, exception_handlers=handlers)
+        # Starlette answers "/v2/" with a redirect built from the client's Host header (an open
+        # redirect); this service has no URL worth a redirect: such paths are 404s.
+        inner.router.redirect_slashes = False
+        # Every response is counted by status: the routed ones by a wrapper, the infer fast path
+        # and the key check's 401s where they answer (no wrapper on the hot path).
+        app = _InferFastPath(self, _CountResponses(inner, self.count_response))
+        return BearerAuth(app, self.config.api_key, count=self.count_response) if self.config.api_key else app
 
     # -- error pages: JSON, never a stack trace -------------------------------------------------
     async def _http_error(self, request: Request, exc: HTTPException) -> Response:
@@ -127,10 +141,10 @@ class ScoringService:
     def _check_model(self, request: Request) -> None:
         name = request.path_params["name"]
         if name != self.model.name:
-            raise OipError(404, f"unknown model {name!r}; this server serves {self.model.name!r}")
+            raise UnknownModel(f"unknown model {name!r}; this server serves {self.model.name!r}")
         v = request.path_params.get("version")
         if v is not None and v != self.model.version:
-            raise OipError(404, f"model {name!r} has no version {v!r}; versions: [{self.model.version!r}]")
+            raise UnknownModel(f"model {name!r} has no version {v!r}; versions: [{self.model.version!r}]")
 
     # -- routes -----------------------------------------------------------------------------------
     async def _server_meta(self, request: Request) -> Response:
@@ -142,7 +156,7 @@ class ScoringService:
         return _json({"live": True})
 
     def _is_ready(self) -> bool:
-        return self._started and (self.runner.state == "up" or self.config.fallback == "sim")
+        return self._started and not self.draining and (self.runner.state == "up" or self.config.fallback == "sim")
 
     async def _ready(self, request: Request) -> Response:
         ok = self._is_ready()
@@ -151,14 +165,14 @@ class ScoringService:
     async def _model_meta(self, request: Request) -> Response:
         try:
             self._check_model(request)
-        except OipError as e:
+        except UnknownModel as e:
             return _error(e.status, e.message)
         return _json(self.model.metadata())
 
     async def _model_ready(self, request: Request) -> Response:
         try:
             self._check_model(request)
-        except OipError as e:
+        except UnknownModel as e:
             return _error(e.status, e.message)
         ok = self._is_ready()
         return _json({"name": self.model.name, "ready": ok}, 200 if ok else 503)
@@ -171,12 +185,12 @@ class ScoringService:
         limit = self.config.max_body_bytes
         cl = request.headers.get("content-length")
         if cl is not None and cl.isdigit() and int(cl) > limit:
-            raise OipError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes")
+            raise BodyTooLarge(f"request body of {cl} bytes exceeds the limit of {limit} bytes")
         chunks, n = [], 0
         async for chunk in request.stream():
             n += len(chunk)
             if n > limit:
-                raise OipError(413, f"request body exceeds the limit of {limit} bytes")
+                raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -185,8 +199,8 @@ class ScoringService:
         try:
             self._check_model(request)
             body = await self._read_body(request)
-        except OipError as e:
-            status, out, headers = self._finish(e.status, e.message, {}, time.perf_counter(), _ERR_TYPE.get(e.status, "client"))
+        except ServeError as e:
+            status, out, headers = self._finish(e, time.perf_counter())
         else:
             status, out, headers = await self._score(body, request.headers.get(HEADER_LENGTH))
         return Response(out, status_code=status, headers=headers)
@@ -201,28 +215,21 @@ class ScoringService:
             try:
                 model.validate(req.x)
             except (ValueError, TypeError, IndexError) as e:
-                raise OipError(400, f"inputs[0].data: {e}") from None
+                raise InvalidRequest(f"inputs[0].data: {e}") from None
             y = await self.batcher.infer(req.x, self._timeout_s)
             out, headers = encode_infer(model.name, model.version, req, y, model.output)
-        except OipError as e:
-            return self._finish(e.status, e.message, {}, t0, _ERR_TYPE.get(e.status, "client"))
-        except QueueFull as e:
-            return self._finish(503, str(e), {}, t0, "queue_full")
-        except RequestTimeout as e:
-            return self._finish(504, str(e), {}, t0, "timeout")
-        except DeviceUnavailable as e:
-            return self._finish(503, str(e), {}, t0, "device_unavailable")
-        except BatcherStopped as e:
-            return self._finish(503, str(e), {}, t0, "shutting_down")
+        except ServeError as e:
+            return self._finish(e, t0)
         self._request_hist.observe(time.perf_counter() - t0)
         self._ok_counter.inc()
         return 200, out, headers
 
-    def _finish(self, status: int, message: str, headers: dict, t0: float, err_type: str):
+    def _finish(self, err: ServeError, t0: float):
+        status, err_type = answer(err)
         self._request_hist.observe(time.perf_counter() - t0)
         self.metrics.requests.labels(model=self.model.name, code=str(status)).inc()
         self.metrics.errors.labels(type=err_type).inc()
-        return status, orjson.dumps({"error": message}), {"content-type": "application/json"}
+        return status, orjson.dumps({"error": str(err)}), {"content-type": "application/json"}
 
     async def _infer_asgi(self, scope, receive, send) -> None:
         """The hot path as plain ASGI: POST /v2/models/<this model>/infer without Starlette's
@@ -238,7 +245,7 @@ class ScoringService:
                 content_length = v
         try:
             if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-                raise OipError(413, f"request body of {int(content_length)} bytes exceeds the limit of {limit} bytes")
+                raise BodyTooLarge(f"request body of {int(content_length)} bytes exceeds the limit of {limit} bytes")
             chunks, n, more = [], 0, True
             while more:
                 msg = await receive()
@@ -247,12 +254,12 @@ class ScoringService:
                 chunk = msg.get("body", b"")
                 n += len(chunk)
                 if n > limit:
-                    raise OipError(413, f"request body exceeds the limit of {limit} bytes")
+                    raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
                 chunks.append(chunk)
                 more = msg.get("more_body", False)
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        except OipError as e:
-            status, out, headers = self._finish(e.status, e.message, {}, t0, "too_large")
+        except BodyTooLarge as e:
+            status, out, headers = self._finish(e, t0)
         else:
             try:
                 status, out, headers = await self._score(body, header_length, t0)
@@ -260,13 +267,11 @@ class ScoringService:
                 _log.exception("unhandled error in infer")
                 self.metrics.errors.labels(type="internal").inc()
                 status, out, headers = 500, orjson.dumps({"error": "internal error"}), {"content-type": "application/json"}
+        self.count_response(status)
         raw = [(b"content-length", str(len(out)).encode())]
         raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": out})
-
-
-_ERR_TYPE = {400: "bad_request", 404: "unknown_model", 413: "too_large"}
 
 
 class _InferFastPath:
@@ -283,6 +288,34 @@ class _InferFastPath:
             await self.svc._infer_asgi(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+
+class _CountResponses:
+    """Counts the responses of the routed app by status: 404s and 405s of the router, 500s."""
+
+    def __init__(self, app, count: Callable[[int], None]) -> None:
+        self.app = app
+        self._count = count
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def counting_send(message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                self._count(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            if not started:  # uvicorn answers 500 for an app that raised before responding
+                self._count(500)
+            raise
 
 
 def create_app(bundle: Any, config: ServeConfig | None = None, **kw: Any):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hmac
+from typing import Callable
 
 import orjson
+
+from offload.serve.errors import Unauthorized, answer
 
 __all__ = ["BearerAuth"]
 
@@ -19,9 +22,10 @@ class BearerAuth:
         app = BearerAuth(app, api_key="s3cret")
     """
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_key: str, *, count: Callable[[int], None] | None = None) -> None:
         self.app = app
-        self._want = f"Bearer {api_key}".encode()
+        self._want = api_key.encode()
+        self._count = count  # sees each 401 (the metrics' response counter)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"].startswith(_OPEN_PREFIX):
@@ -32,11 +36,16 @@ class BearerAuth:
             if k == b"authorization":
                 got = v
                 break
-        # Constant-time compare: response timing must not leak how much of the key matched.
-        if hmac.compare_digest(got, self._want):
+        # The scheme is case-insensitive (RFC 7235 section 2.1: "bearer" == "Bearer"); the token is
+        # compared in constant time: response timing must not leak how much of the key matched.
+        scheme, _, token = got.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), self._want):
             await self.app(scope, receive, send)
             return
-        msg = "missing Authorization header" if not got else "invalid API key"
-        body = orjson.dumps({"error": f"unauthorized: {msg}; send 'Authorization: Bearer <key>'"})
-        await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"www-authenticate", b"Bearer")]})
+        err = Unauthorized(f"unauthorized: {'missing Authorization header' if not got else 'invalid API key'}; send 'Authorization: Bearer <key>'")
+        status, _ = answer(err)
+        if self._count is not None:
+            self._count(status)
+        body = orjson.dumps({"error": str(err)})
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"www-authenticate", b"Bearer")]})
         await send({"type": "http.response.body", "body": body})

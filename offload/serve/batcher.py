@@ -12,27 +12,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 import numpy as np
 
+from offload.serve.errors import QueueFull, RequestTimeout, ShuttingDown
 from offload.serve.metrics import ServeMetrics
 
-__all__ = ["DynamicBatcher", "QueueFull", "RequestTimeout", "BatcherStopped"]
-
-
-class QueueFull(RuntimeError):
-    """The batch queue holds ``max_queue_size`` requests already."""
-
-
-class RequestTimeout(TimeoutError):
-    """A request was not answered within its timeout."""
-
-
-class BatcherStopped(RuntimeError):
-    """The batcher is shutting down and takes no new requests."""
+__all__ = ["DynamicBatcher", "QueueFull", "RequestTimeout", "ShuttingDown"]
 
 
 @dataclass(eq=False)
@@ -44,11 +32,11 @@ class _Pending:
 
 
 class DynamicBatcher:
-    """Queues row batches and runs them through ``run_batch`` (called in one worker thread).
+    """Queues row batches and runs them, one at a time, through ``run_batch``.
 
-    ``run_batch(x: float64 [N, F]) -> (y: [N, n_out], device_name)``. With ``inline=True`` it is
-    called on the event loop instead: right for work that holds the GIL anyway (the sim device's
-    NumPy reference), where a thread adds only hand-offs and GIL convoys.
+    ``await run_batch(x: float64 [N, F]) -> (y: [N, n_out], device_name)``; it owns threads and
+    deadlines (:class:`~offload.serve.faults.FailoverRunner`), so the batcher holds no thread that
+    a stuck device could pin.
 
     Example::
 
@@ -60,17 +48,15 @@ class DynamicBatcher:
 
     def __init__(
         self,
-        run_batch: Callable[[np.ndarray], tuple[np.ndarray, str]],
+        run_batch: Callable[[np.ndarray], Awaitable[tuple[np.ndarray, str]]],
         *,
         max_batch_size: int,
         max_queue_delay_s: float,
         max_queue_size: int,
         metrics: ServeMetrics | None = None,
         model: str = "model",
-        inline: bool = False,
     ) -> None:
         self._run_batch = run_batch
-        self._inline = inline
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
         self.max_queue_size = max_queue_size
@@ -83,8 +69,6 @@ class DynamicBatcher:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
-        # One thread: the device sees one batch at a time, as with one Triton model instance.
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offload-batch")
 
     @property
     def depth(self) -> int:
@@ -106,14 +90,13 @@ class DynamicBatcher:
                 self._task.cancel()
             for p in self._queue:
                 if not p.future.done():
-                    p.future.set_exception(BatcherStopped("service is shutting down"))
+                    p.future.set_exception(ShuttingDown("service is shutting down"))
             self._queue.clear()
-        self._pool.shutdown(wait=True)
 
     async def infer(self, x: np.ndarray, timeout: float) -> np.ndarray:
         """Queues ``x`` (float64 [n, F], n <= max_batch_size) and returns its own output rows."""
         if self._stopping:
-            raise BatcherStopped("service is shutting down")
+            raise ShuttingDown("service is shutting down")
         if len(self._queue) >= self.max_queue_size:
             raise QueueFull(f"queue is full ({self.max_queue_size} requests waiting)")
         loop = asyncio.get_running_loop()
@@ -184,15 +167,10 @@ class DynamicBatcher:
             bs.observe(x.shape[0])
             depth.set(len(self._queue))
         try:
-            if self._inline:
-                y, _ = self._run_batch(x)
-                # Let the requests that arrived meanwhile be read and queued before the next batch
-                # is cut; otherwise back-to-back inline batches would each hold a single request.
-                await asyncio.sleep(0)
-            else:
-                y, _ = await loop.run_in_executor(self._pool, self._run_batch, x)
-            if y.shape[0] != x.shape[0]:
-                raise RuntimeError(f"device returned {y.shape[0]} rows for a batch of {x.shape[0]}")
+            y, _ = await self._run_batch(x)
+            # Let the requests that arrived meanwhile be read and queued before the next batch is
+            # cut; otherwise back-to-back inline (sim) batches would each hold a single request.
+            await asyncio.sleep(0)
         except asyncio.CancelledError:
             for p in batch:
                 p.future.cancel()

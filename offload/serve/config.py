@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
+
+from offload.serve.errors import ConfigError
 
 __all__ = ["ServeConfig"]
 
@@ -22,6 +25,14 @@ class ServeConfig:
       ``"503"`` answers the affected requests with 503; either way the device reopens in the background.
     - ``api_key``: when set, every route but ``/v2/health/*`` needs ``Authorization: Bearer <key>``.
     - ``max_body_bytes``: larger request bodies get 413 before they are parsed.
+    - ``max_head_bytes``: request line plus headers; larger heads get 431 (h11's default, 16 KiB).
+    - ``header_timeout_s`` / ``body_timeout_s``: a request head (body) not fully received by then
+      closes the connection (slowloris).
+    - ``max_connections``: open connections before the longest-idle one waiting for a request head
+      is closed to admit a new one; ``None`` derives it from the open-file limit.
+    - ``drain_timeout_s``: on SIGTERM, how long requests already read may take to be answered.
+
+    Every setting is checked here; a bad one raises :class:`ConfigError` naming it and its range.
 
     Example::
 
@@ -38,19 +49,45 @@ class ServeConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     reopen_backoff_s: float = 0.5
+    max_head_bytes: int = 16 * 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int | None = None
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_batch_size <= 65536:
-            raise ValueError(f"max_batch_size={self.max_batch_size}: must be in [1, 65536]")
-        if self.max_queue_delay_us < 0:
-            raise ValueError(f"max_queue_delay_us={self.max_queue_delay_us}: must be >= 0")
-        if self.max_queue_size < 1:
-            raise ValueError(f"max_queue_size={self.max_queue_size}: must be >= 1")
-        if self.request_timeout_ms <= 0 or self.device_timeout_ms <= 0:
-            raise ValueError("request_timeout_ms and device_timeout_ms must be > 0")
+        _int("max_batch_size", self.max_batch_size, 1, 65536)
+        _int("max_queue_delay_us", self.max_queue_delay_us, 0, 10_000_000)
+        _int("max_queue_size", self.max_queue_size, 1, 1_000_000)
+        _seconds("request_timeout_ms", self.request_timeout_ms, 600_000)
+        _seconds("device_timeout_ms", self.device_timeout_ms, 600_000)
         if self.fallback not in ("sim", "503"):
-            raise ValueError(f"fallback={self.fallback!r}: must be 'sim' or '503'")
+            raise ConfigError(f"fallback={self.fallback!r}: must be 'sim' or '503'")
         if self.api_key is not None and not self.api_key:
-            raise ValueError("api_key: must not be empty (omit it to disable auth)")
-        if self.max_body_bytes < 1024:
-            raise ValueError(f"max_body_bytes={self.max_body_bytes}: must be >= 1024")
+            raise ConfigError("api_key: must not be empty (omit it to disable auth)")
+        _int("max_body_bytes", self.max_body_bytes, 1024, 1 << 30)
+        _seconds("reopen_backoff_s", self.reopen_backoff_s, 60)
+        _int("max_head_bytes", self.max_head_bytes, 1024, 1 << 20)
+        _seconds("header_timeout_s", self.header_timeout_s, 3600)
+        _seconds("body_timeout_s", self.body_timeout_s, 3600)
+        if self.max_connections is not None:
+            _int("max_connections", self.max_connections, 16, 1_000_000)
+        _seconds("drain_timeout_s", self.drain_timeout_s, 3600)
+        # Every request already read on SIGTERM is answered (result, 504 or 503) within the grace.
+        if self.request_timeout_ms / 1e3 > self.drain_timeout_s:
+            raise ConfigError(f"request_timeout_ms={self.request_timeout_ms:g}: must be <= drain_timeout_s ({self.drain_timeout_s:g} s), so a drain answers every request it has read")
+
+
+def _int(name: str, v: object, lo: int, hi: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{name}={v!r}: must be an integer in [{lo}, {hi}]")
+    if not lo <= v <= hi:
+        raise ConfigError(f"{name}={v}: must be in [{lo}, {hi}]")
+
+
+def _seconds(name: str, v: object, hi: float) -> None:
+    """A duration: a finite number > 0 and <= ``hi`` (NaN compares false, so test finiteness first)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(f"{name}={v!r}: must be a finite number in (0, {hi:g}]")
+    if not 0 < v <= hi:
+        raise ConfigError(f"{name}={v:g}: must be in (0, {hi:g}]")

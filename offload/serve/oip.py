@@ -3,7 +3,7 @@
 Only what a scoring model needs: one FP32 input of shape ``[batch, features]``, one FP32 output of
 shape ``[batch, n_out]``. The binary tensor extension (Triton's ``Inference-Header-Content-Length``)
 is accepted both ways, since ``tritonclient.http`` uses it by default. Every malformed body raises
-:class:`OipError` with an HTTP status and a message naming the field and the limit.
+:class:`~offload.serve.errors.InvalidRequest` (400) with a message naming the field and the limit.
 """
 
 from __future__ import annotations
@@ -14,19 +14,16 @@ from typing import Any
 import numpy as np
 import orjson
 
+from offload.serve.errors import InvalidRequest, RequestError
+
 __all__ = ["OipError", "TensorSpec", "InferRequest", "parse_infer", "encode_infer", "HEADER_LENGTH"]
 
 HEADER_LENGTH = "inference-header-content-length"
 _FP32_MAX = float(np.finfo(np.float32).max)
 
 
-class OipError(Exception):
-    """A request the service refuses; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+# The base of every refused request; ``status`` comes from the service's one table (errors.py).
+OipError = RequestError
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,7 @@ class InferRequest:
 
 def _obj(v: Any, what: str) -> dict:
     if not isinstance(v, dict):
-        raise OipError(400, f"{what}: expected a JSON object, got {type(v).__name__}")
+        raise InvalidRequest(f"{what}: expected a JSON object, got {type(v).__name__}")
     return v
 
 
@@ -63,34 +60,34 @@ def parse_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: Te
         try:
             n = int(header_length)
         except ValueError:
-            raise OipError(400, f"Inference-Header-Content-Length: {header_length!r} is not an integer") from None
+            raise InvalidRequest(f"Inference-Header-Content-Length: {header_length!r} is not an integer") from None
         if not 0 < n <= len(body):
-            raise OipError(400, f"Inference-Header-Content-Length: {n} is outside the body's {len(body)} bytes")
+            raise InvalidRequest(f"Inference-Header-Content-Length: {n} is outside the body's {len(body)} bytes")
         body, binary = body[:n], body[n:]
     try:
         req = orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise OipError(400, f"malformed JSON: {e}") from None
+        raise InvalidRequest(f"malformed JSON: {e}") from None
     req = _obj(req, "request body")
     rid = req.get("id")
     if rid is not None and not isinstance(rid, str):
-        raise OipError(400, f"id: expected a string, got {type(rid).__name__}")
+        raise InvalidRequest(f"id: expected a string, got {type(rid).__name__}")
     inputs = req.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1:
-        raise OipError(400, f"inputs: expected a list of exactly 1 tensor named {inp.name!r}")
+        raise InvalidRequest(f"inputs: expected a list of exactly 1 tensor named {inp.name!r}")
     t = _obj(inputs[0], "inputs[0]")
     if t.get("name") != inp.name:
-        raise OipError(400, f"inputs[0].name: unknown input {t.get('name')!r}; the model's input is {inp.name!r}")
+        raise InvalidRequest(f"inputs[0].name: unknown input {t.get('name')!r}; the model's input is {inp.name!r}")
     if t.get("datatype") != inp.datatype:
-        raise OipError(400, f"inputs[0].datatype: {t.get('datatype')!r} is not supported; expected {inp.datatype!r}")
+        raise InvalidRequest(f"inputs[0].datatype: {t.get('datatype')!r} is not supported; expected {inp.datatype!r}")
     shape = t.get("shape")
     if not (isinstance(shape, list) and len(shape) == 2 and all(type(d) is int for d in shape)):
-        raise OipError(400, f"inputs[0].shape: expected [batch, {inp.width}], got {shape!r}")
+        raise InvalidRequest(f"inputs[0].shape: expected [batch, {inp.width}], got {shape!r}")
     b, f = shape
     if f != inp.width:
-        raise OipError(400, f"inputs[0].shape: {f} features per row; the model takes {inp.width}")
+        raise InvalidRequest(f"inputs[0].shape: {f} features per row; the model takes {inp.width}")
     if not 1 <= b <= max_batch:
-        raise OipError(400, f"inputs[0].shape: batch {b} is outside [1, {max_batch}] (max batch size)")
+        raise InvalidRequest(f"inputs[0].shape: batch {b} is outside [1, {max_batch}] (max batch size)")
     x = _tensor_data(t, binary, b, f)
     return InferRequest(x, rid, _wants_binary(req, out))
 
@@ -101,26 +98,26 @@ def _tensor_data(t: dict, binary: bytes, b: int, f: int) -> np.ndarray:
     size = params.get("binary_data_size")
     if size is not None:
         if "data" in t:
-            raise OipError(400, "inputs[0]: has both 'data' and binary_data_size")
+            raise InvalidRequest("inputs[0]: has both 'data' and binary_data_size")
         if type(size) is not int or size != b * f * 4 or size != len(binary):
-            raise OipError(400, f"inputs[0].parameters.binary_data_size: {size!r}; expected {b * f * 4} bytes (batch {b} x {f} FP32), body holds {len(binary)}")
+            raise InvalidRequest(f"inputs[0].parameters.binary_data_size: {size!r}; expected {b * f * 4} bytes (batch {b} x {f} FP32), body holds {len(binary)}")
         x32 = np.frombuffer(binary, dtype="<f4").reshape(b, f)
     else:
         if binary:
-            raise OipError(400, "binary data present but inputs[0] has no binary_data_size parameter")
+            raise InvalidRequest("binary data present but inputs[0] has no binary_data_size parameter")
         data = t.get("data")
         if not isinstance(data, list):
-            raise OipError(400, "inputs[0].data: expected a list of numbers")
+            raise InvalidRequest("inputs[0].data: expected a list of numbers")
         try:
             arr = np.asarray(data)
         except (ValueError, TypeError) as e:
-            raise OipError(400, f"inputs[0].data: not a rectangular list of numbers ({e})") from None
+            raise InvalidRequest(f"inputs[0].data: not a rectangular list of numbers ({e})") from None
         if arr.dtype.kind not in "iuf":
-            raise OipError(400, f"inputs[0].data: expected numbers, got {'booleans' if arr.dtype.kind == 'b' else 'non-numeric values'}")
+            raise InvalidRequest(f"inputs[0].data: expected numbers, got {'booleans' if arr.dtype.kind == 'b' else 'non-numeric values'}")
         if arr.size != b * f:
-            raise OipError(400, f"inputs[0].data: {arr.size} values; shape [{b}, {f}] needs {b * f}")
+            raise InvalidRequest(f"inputs[0].data: {arr.size} values; shape [{b}, {f}] needs {b * f}")
         if arr.size and np.abs(arr).max() > _FP32_MAX:
-            raise OipError(400, f"inputs[0].data: a value exceeds the FP32 range (|x| <= {_FP32_MAX:.6g})")
+            raise InvalidRequest(f"inputs[0].data: a value exceeds the FP32 range (|x| <= {_FP32_MAX:.6g})")
         x32 = arr.reshape(b, f).astype(np.float32)
     return x32.astype(np.float64)
 
@@ -133,12 +130,12 @@ def _wants_binary(req: dict, out: TensorSpec) -> bool:
     if outs is None:
         return False
     if not isinstance(outs, list):
-        raise OipError(400, "outputs: expected a list")
+        raise InvalidRequest("outputs: expected a list")
     binary = False
     for i, o in enumerate(outs):
         o = _obj(o, f"outputs[{i}]")
         if o.get("name") != out.name:
-            raise OipError(400, f"outputs[{i}].name: unknown output {o.get('name')!r}; the model's output is {out.name!r}")
+            raise InvalidRequest(f"outputs[{i}].name: unknown output {o.get('name')!r}; the model's output is {out.name!r}")
         p = o.get("parameters") or {}
         binary = binary or (isinstance(p, dict) and p.get("binary_data") is True)
     return binary

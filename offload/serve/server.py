@@ -5,12 +5,18 @@ from __future__ import annotations
 import gc
 import ipaddress
 import logging
+import os
 import signal
+import sys
 from typing import Any
 
-from offload.serve.config import ServeConfig
+import uvicorn
 
-__all__ = ["serve", "is_loopback"]
+from offload.serve.config import ServeConfig
+from offload.serve.errors import ConfigError
+from offload.serve.httpguard import HttpLimits, default_max_connections, guarded_protocol
+
+__all__ = ["serve", "is_loopback", "check_port"]
 
 
 def is_loopback(host: str) -> bool:
@@ -23,15 +29,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _uvicorn_config(app: Any, host: str, port: int, drain_s: float, log_level: str):
-    import uvicorn
+def check_port(port: object) -> int:
+    """``port`` if it is a TCP port (0 lets the OS choose); the OS would silently wrap 99999."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"port={port!r}: must be an integer in [0, 65535]")
+    return port
 
+
+def _uvicorn_config(app: Any, host: str, port: int, drain_s: float, log_level: str, limits: HttpLimits | None = None):
+    limits = limits or HttpLimits(16 * 1024, 10.0, 30.0, default_max_connections())
     return uvicorn.Config(
         app,
         host=host,
-        port=port,
+        port=check_port(port),
         loop="uvloop",
-        http="httptools",
+        # uvicorn's httptools protocol with head/body caps, read timeouts and a connection cap
+        # (offload/serve/httpguard.py says why each is needed and where uvicorn stops).
+        http=guarded_protocol(limits),
         lifespan="on",
         access_log=False,
         log_level=log_level,
@@ -43,31 +57,79 @@ def _uvicorn_config(app: Any, host: str, port: int, drain_s: float, log_level: s
     )
 
 
-def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000, *, drain_s: float = 30.0, log_level: str = "warning") -> None:
-    """Serves ``bundle`` until SIGTERM/SIGINT; in-flight and queued requests are answered first.
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's Server, with the service's readiness switched off before it stops accepting."""
+
+    def __init__(self, config: uvicorn.Config, svc: Any) -> None:
+        super().__init__(config)
+        self._svc = svc
+
+    def handle_exit(self, sig, frame) -> None:
+        # In the signal handler itself: uvicorn's main loop notices should_exit only on its next
+        # tick (0.1 s); probes answered meanwhile must already say "not ready".
+        self._svc.draining = True
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets=None) -> None:
+        self._svc.draining = True
+        await super().shutdown(sockets)
+
+
+def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "warning") -> None:
+    """Serves ``bundle`` until SIGTERM/SIGINT. Then readiness goes off, the listener closes, and
+    every request already read is answered (result, 504 or 503) within ``config.drain_timeout_s``.
 
     Example::
 
         serve("risk_bundle", ServeConfig(device="sim"), port=8000)
     """
-    import uvicorn
+    from offload.host.bundle import load
+    from offload.serve.app import ScoringService
 
-    from offload.serve.app import create_app
-
+    check_port(port)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not is_loopback(host):
         logging.getLogger("offload.serve").warning("binding %s: the service is reachable from the network%s", host, "" if config.api_key else " WITHOUT an API key")
-    app = create_app(bundle, config)
+    svc = ScoringService(load(bundle) if isinstance(bundle, (str, os.PathLike)) else bundle, config)
+
+    def count(status: int, error_type: str) -> None:
+        svc.count_response(status)
+        svc.metrics.errors.labels(type=error_type).inc()
+
+    limits = HttpLimits(
+        max_head_bytes=config.max_head_bytes,
+        header_timeout_s=config.header_timeout_s,
+        body_timeout_s=config.body_timeout_s,
+        max_connections=config.max_connections or default_max_connections(),
+        count=count,
+    )
     # Everything loaded so far lives as long as the process: keep it out of every later
     # collection, so a full GC pass while serving scans only per-request garbage.
     gc.collect()
     gc.freeze()
-    server = uvicorn.Server(_uvicorn_config(app, host, port, drain_s, log_level))
+    server = _DrainingServer(_uvicorn_config(svc.app, host, port, config.drain_timeout_s, log_level, limits), svc)
     # uvicorn drains, restores the previous handlers and re-raises the signal it caught; a clean
     # drain should end the process with status 0, not "killed by SIGTERM".
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
-    server.run()
+    try:
+        server.run()
+    except BaseException as e:
+        _leave_if_stuck(svc, 0 if isinstance(e, SystemExit) and not e.code else 1)
+        raise
+    _leave_if_stuck(svc, 0)
+
+
+def _leave_if_stuck(svc: Any, status: int) -> None:
+    """Ends the process at once when a device call or close never returned: the bindings' own
+    ThreadPoolExecutor workers would make interpreter exit wait for it forever. Every answer is
+    out by now."""
+    if svc.runner.abandoned:
+        logging.getLogger("offload.serve").warning("%d device call(s) never returned; exiting without waiting for them", svc.runner.abandoned)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _exit_cleanly(signum, frame) -> None:

@@ -255,14 +255,17 @@ def test_api_key(bundle):
         assert c.get("/metrics", headers=ok).status_code == 200
 
 
-def test_unexpected_error_is_a_json_500_and_the_service_recovers(bundle):
-    svc = ScoringService(bundle, ServeConfig(device="flaky"))
+def test_a_device_bug_is_a_device_fault_that_fails_over(bundle):
+    # A binding's RuntimeError is a device failure like any other (issue 15 item 9): the batch is
+    # re-run on the sim device, the fault is counted, and the device reopens.
+    svc = ScoringService(bundle, ServeConfig(device="flaky", reopen_backoff_s=0.05))
     dev = standin.FlakyDevice.instances[-1]
     x = np.ones((1, N_IN), np.float32)
     with live(svc.app) as url, httpx.Client(base_url=f"http://{url}", timeout=10) as c:
         dev.crash = True
         r = c.post("/v2/models/risk/infer", json=_body(x))
-        assert r.status_code == 500 and r.json() == {"error": "internal error"}
-        dev.crash = False
+        assert r.status_code == 200
+        np.testing.assert_array_equal(np.float32(r.json()["outputs"][0]["data"]), _sim_rows(bundle, x).ravel())
+        assert svc.runner.wait_up(10)
         assert c.post("/v2/models/risk/infer", json=_body(x)).status_code == 200
-        assert 'offload_errors_total{type="internal"} 1.0' in c.get("/metrics").text
+        assert 'offload_device_faults_total{device="flaky",type="RuntimeError"} 1.0' in c.get("/metrics").text
