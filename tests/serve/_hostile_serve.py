@@ -79,7 +79,7 @@ class HostileDevice(SimDevice):
         super().close()
 
 
-register_device("hostile", HostileDevice)
+register_device("hostile")(HostileDevice)
 
 if __name__ == "__main__":
     from offload.cli import main

@@ -5,7 +5,6 @@ busy goes out with the next batch at once, however recently the newest one arriv
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import numpy as np
@@ -16,13 +15,13 @@ DELAY = 2.0  # long against scheduling noise: the two behaviours differ by about
 
 
 def test_a_request_past_its_delay_goes_out_when_the_device_frees_up():
-    gate = threading.Event()
+    gate = asyncio.Event()
     starts: list[tuple[float, int]] = []
 
-    def run_batch(x: np.ndarray):
+    async def run_batch(x: np.ndarray):
         starts.append((time.perf_counter(), x.shape[0]))
         if len(starts) == 1:
-            gate.wait(timeout=30)
+            await asyncio.wait_for(gate.wait(), 30)
         return x[:, :1] * 2.0, "test"
 
     async def scenario() -> dict[str, float]:
