@@ -19,7 +19,7 @@ FORMATS = ("ap_fixed<16,6>", "ap_fixed<16,2>", "ap_fixed<12,2>", "ap_fixed<8,2>"
 
 def main(argv: list[str] | None = None) -> None:
     import offload
-    from offload.partition.build import table_bytes
+    from offload.partition.budget import table_bytes
     from offload.examples import dlrm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
