@@ -188,6 +188,25 @@ class _Scorer(nn.Module):
         return self.mlp(x)
 
 
+def test_values_the_kernels_cannot_hold_keep_their_candidate_on_host():
+    # NaN in a table, an infinite weight, non-finite calibration rows: each factory refuses with
+    # InputError (plain ValueErrors of the kernel library and sim.fixed before), so partition keeps
+    # the candidate and says why.
+    model = Toy().eval()
+    with torch.no_grad():
+        model.a.weight[3, 1] = float("nan")
+    rep = offload.offload(model, _inputs(), ops=("embedding_bag",), batch_tables=False, device="sim").offload_report
+    assert rep.decision("a").reason == "InputError: quantize into ap_fixed<16,6>: NaN has no fixed-point value (ap_types flags it as unsupported)"
+    assert rep.decision("b").offloaded
+    scorer = _Scorer().eval()
+    with torch.no_grad():
+        scorer.mlp[0].weight[0, 0] = float("inf")
+    rep = offload.offload(scorer, (torch.ones(8, 4),), device="sim").offload_report
+    assert rep.decisions[0].reason == "InputError: layer '0': parameter weight has NaN or infinite values"
+    rep = offload.offload(_Scorer().eval(), (torch.full((8, 4), float("nan")),), device="sim").offload_report
+    assert rep.decisions[0].reason == "InputError: calib row 0 column 0 is not finite"
+
+
 # Each offload.nn factory partition calls, with a model and ops that reach it.
 _FACTORIES = {
     "EmbeddingBag": (lambda: (Toy().eval(), _inputs()), {"ops": ("embedding_bag",), "batch_tables": False}, "a"),
