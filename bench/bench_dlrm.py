@@ -20,7 +20,7 @@ FORMATS = ("ap_fixed<16,6>", "ap_fixed<16,2>", "ap_fixed<12,2>", "ap_fixed<8,2>"
 def main(argv: list[str] | None = None) -> None:
     import offload
     from offload.examples import dlrm
-    from offload.partition.build import table_bytes
+    from offload.partition.budget import table_bytes
     from offload.quant.metrics import auc
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -37,6 +37,7 @@ from offload.kernels.embedding import (
     make_spec,
     rowwise_param_type,
 )
+from offload.sim.errors import FormatError, InputError
 
 __all__ = ["EmbeddingBag", "Embedding", "TableBatchedEmbeddingBags"]
 
@@ -49,6 +50,21 @@ def _table_spec(name: str, weight: torch.Tensor, fmt: str, padding_idx: Optional
     if fmt == ROWWISE:
         return TableSpec(name, rows, dim, ROWWISE, rowwise_param_type(w), padding_idx, bundle)
     return TableSpec(name, rows, dim, fmt, None, padding_idx, bundle)
+
+
+def _make_kernel(name: str, tables: Sequence[TableSpec], weights: Sequence[torch.Tensor], **spec: object) -> Kernel:
+    """The quantized kernel of ``tables``. :mod:`offload.kernels.embedding` refuses with plain
+    ValueErrors: in ``make_spec`` a type it cannot parse or hold (format, accumulator or product
+    too wide), in ``make_kernel`` table values it cannot represent (NaN); here they become the
+    hierarchy's refusals, which the partitioner turns into "kept on host"."""
+    try:
+        kspec = make_spec(tables, **spec)
+    except ValueError as e:
+        raise FormatError(str(e)) from e
+    try:
+        return make_kernel(name, kspec, [w.detach().cpu().double().numpy() for w in weights])
+    except ValueError as e:
+        raise InputError(str(e)) from e
 
 
 def _check_dtypes(indices: torch.Tensor, offsets: Optional[torch.Tensor], psw: Optional[torch.Tensor]) -> None:
@@ -121,10 +137,10 @@ class EmbeddingBag(_Resident):
         if not isinstance(bag, torch.nn.EmbeddingBag):
             raise TypeError(f"bag: expected torch.nn.EmbeddingBag, got {type(bag).__name__}")
         if bag.max_norm is not None:
-            raise ValueError("bag: max_norm renormalises rows at lookup time; not supported on the offload kernel")
+            raise InputError("bag: max_norm renormalises rows at lookup time; not supported on the offload kernel")
         ts = _table_spec(name, bag.weight, fmt, bag.padding_idx)
-        spec = make_spec([ts], mode=bag.mode, max_bag_size=max_bag_size, acc_type=acc_type, out_type=out_type, weight_type=weight_type)
-        kernel = make_kernel(name, spec, [bag.weight.detach().cpu().double().numpy()])
+        kernel = _make_kernel(name, [ts], [bag.weight], mode=bag.mode, max_bag_size=max_bag_size, acc_type=acc_type,
+                              out_type=out_type, weight_type=weight_type)
         return cls(kernel, include_last_offset=bag.include_last_offset, device=device, dtype=dtype)
 
     def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None, per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -179,10 +195,9 @@ class Embedding(_Resident):
         if not isinstance(emb, torch.nn.Embedding):
             raise TypeError(f"emb: expected torch.nn.Embedding, got {type(emb).__name__}")
         if emb.max_norm is not None:
-            raise ValueError("emb: max_norm renormalises rows at lookup time; not supported on the offload kernel")
+            raise InputError("emb: max_norm renormalises rows at lookup time; not supported on the offload kernel")
         ts = _table_spec(name, emb.weight, fmt, None)
-        spec = make_spec([ts], mode="sum", max_bag_size=1, out_type=out_type)
-        kernel = make_kernel(name, spec, [emb.weight.detach().cpu().double().numpy()])
+        kernel = _make_kernel(name, [ts], [emb.weight], mode="sum", max_bag_size=1, out_type=out_type)
         return cls(kernel, device=device, dtype=dtype)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -233,7 +248,7 @@ class TableBatchedEmbeddingBags(_Resident):
             raise TypeError("bags: expected a non-empty sequence of torch.nn.EmbeddingBag")
         for i, b in enumerate(bags):
             if b.max_norm is not None:
-                raise ValueError(f"bags[{i}]: max_norm renormalises rows at lookup time; not supported on the offload kernel")
+                raise InputError(f"bags[{i}]: max_norm renormalises rows at lookup time; not supported on the offload kernel")
         modes = {b.mode for b in bags}
         if len(modes) != 1:
             raise ValueError(f"bags: all tables of one kernel share a mode, got {sorted(modes)}")
@@ -242,8 +257,8 @@ class TableBatchedEmbeddingBags(_Resident):
         if len(fmts) != len(bags) or len(names) != len(bags):
             raise ValueError(f"fmt/names: need one per table ({len(bags)})")
         tables = [_table_spec(n, b.weight, f, b.padding_idx) for n, b, f in zip(names, bags, fmts)]
-        spec = make_spec(tables, mode=modes.pop(), max_bag_size=max_bag_size, acc_type=acc_type, out_type=out_type, weight_type=weight_type)
-        kernel = make_kernel(name, spec, [b.weight.detach().cpu().double().numpy() for b in bags])
+        kernel = _make_kernel(name, tables, [b.weight for b in bags], mode=modes.pop(), max_bag_size=max_bag_size,
+                              acc_type=acc_type, out_type=out_type, weight_type=weight_type)
         return cls(kernel, device=device, dtype=dtype)
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:

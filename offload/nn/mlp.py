@@ -38,6 +38,7 @@ from offload.quant.ptq import (
     fixed_precision,
     quant_report,
 )
+from offload.sim.errors import InputError
 from offload.sim.mlp import simulate as _simulate
 
 __all__ = ["MLP", "SUPPORTED_LAYERS", "float_layers"]
@@ -88,7 +89,7 @@ def float_layers(seq: torch.nn.Module, n_features: int | None = None, *, fold_ba
             op, n_in, n_out = "dense", m.in_features, m.out_features
         elif isinstance(m, torch.nn.BatchNorm1d):
             if m.running_mean is None or m.running_var is None:
-                raise ValueError(f"layer {path!r} (BatchNorm1d): needs running statistics (track_running_stats=True)")
+                raise InputError(f"layer {path!r} (BatchNorm1d): needs running statistics (track_running_stats=True)")
             if width is not None and m.num_features != width:
                 raise ValueError(f"layer {path!r} (BatchNorm1d): num_features={m.num_features} but its input has {width} features")
             gamma = _np32(m.weight) if m.affine else 1
@@ -109,7 +110,7 @@ def float_layers(seq: torch.nn.Module, n_features: int | None = None, *, fold_ba
             )
         for k, v in params.items():
             if not np.isfinite(v).all():
-                raise ValueError(f"layer {path!r}: parameter {k} has NaN or infinite values")
+                raise InputError(f"layer {path!r}: parameter {k} has NaN or infinite values")
         alpha = float(m.negative_slope) if op == "leaky_relu" else None
         name = f"{_OP_PREFIX[op]}{idx}"
         if fold_batchnorm and op == "batchnorm" and layers and layers[-1].op == "dense":
@@ -203,7 +204,10 @@ class MLP(torch.nn.Module):
                     check_drift(calib_np, ref, threshold=drift_threshold)
                 report = quant_report(layers, input_type, types, calib_np, labels=lab)
         sim_layers, consts = build_layers(layers, types)
-        spec = MlpSpec(nf, input_type, tuple(sim_layers), consts, reuse_factor)
+        try:
+            spec = MlpSpec(nf, input_type, tuple(sim_layers), consts, reuse_factor)
+        except ValueError as e:  # kernels.mlp's contract checks (too many features, a type too wide)
+            raise InputError(str(e)) from e
         return cls(spec, layers, report, name, device)
 
     @staticmethod
@@ -301,9 +305,9 @@ class MLP(torch.nn.Module):
 def _as_features(x: Any, what: str) -> np.ndarray:
     a = np.asarray(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
     if a.ndim != 2 or a.shape[0] == 0:
-        raise ValueError(f"{what} must be a non-empty [rows, features] array, got shape {list(a.shape)}")
+        raise InputError(f"{what} must be a non-empty [rows, features] array, got shape {list(a.shape)}")
     bad = ~np.isfinite(a)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise ValueError(f"{what} row {int(r)} column {int(c)} is not finite")
+        raise InputError(f"{what} row {int(r)} column {int(c)} is not finite")
     return a

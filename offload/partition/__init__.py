@@ -1,5 +1,17 @@
 """Partition a PyTorch model: offload embedding lookups and scoring MLPs, keep everything else.
 
+``offload.offload`` traces the model with torch.fx, replaces ``nn.EmbeddingBag`` /
+``nn.Embedding`` modules, ``F.embedding_bag`` calls and maximal MLP chains with ``offload.nn``
+modules running on an offload device, and leaves every other node untouched on its original
+device. Several tables with the same dim, mode and format whose inputs are ready at the same point
+become one table-batched call. Whatever cannot be offloaded (untraceable model, unsupported layer,
+a table too large for the card, a factory's refusal) stays on the host and the report says why.
+
+It runs one pass a module, each module's ``apply(state)``, over one
+:class:`~offload.partition.state.State`: ``find`` (trace, candidates), ``calibrate`` (MLP inputs),
+``budget`` (card memory), ``group`` (table batching), ``replace`` (graph surgery); ``report`` holds
+the report, ``compare`` checks the result.
+
 Example::
 
     gm = offload.offload(model, (indices, offsets, dense), ops=("embedding_bag",), device="sim")
@@ -7,7 +19,52 @@ Example::
     print(offload.compare(model, gm, (indices, offsets, dense)))
 """
 
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch.nn as nn
+
+from offload.hls.cards import Card
+from offload.partition import budget, calibrate, find, group, replace
 from offload.partition.compare import Comparison, compare
-from offload.partition.core import Decision, OffloadReport, offload
+from offload.partition.find import OPS
+from offload.partition.report import Decision, OffloadReport, untraceable
+from offload.partition.state import start
 
 __all__ = ["offload", "compare", "OffloadReport", "Decision", "Comparison"]
+
+
+def offload(
+    model: nn.Module,
+    example_inputs: Any,
+    ops: Sequence[str] = OPS,
+    calib: Any = None,
+    device: Any = "sim",
+    card: str | Card = "u55c",
+    fmt: str = "ap_fixed<16,6>",
+    precision: Any = "auto",
+    reuse_factor: int = 1,
+    batch_tables: bool = True,
+) -> nn.Module:
+    """Return ``model`` with embedding lookups and MLP chains moved to an offload device.
+
+    ``example_inputs``: the forward's positional args (a tuple, or one tensor). ``calib``: a list of
+    input batches on which MLP chains record their input activations for quantization (default:
+    ``[example_inputs]``). ``fmt``: table storage format. ``card``: whose memory bounds the tables.
+    The result is a ``torch.fx.GraphModule`` (the unchanged model wrapped, when it cannot be traced)
+    with ``offload_report``.
+
+    Example::
+
+        gm = offload.offload(dlrm, (idx, off, dense), ops=("embedding_bag",))
+        print(gm.offload_report)
+    """
+    st = start(model, example_inputs, ops=tuple(ops), calib=calib, device=device, card=card, fmt=fmt,
+               precision=precision, reuse_factor=reuse_factor, batch_tables=batch_tables)
+    find.apply(st)
+    if st.gm is None:
+        return untraceable(model, st.trace_error, device, st.card)
+    for step in (calibrate, budget, group, replace):
+        step.apply(st)
+    return replace.finish(st)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from rich.table import Table
 
 from offload.render import RichReport
 
@@ -60,9 +61,7 @@ class Comparison(RichReport):
         """The offloaded node with the lowest local cosine (where to look first)."""
         return min(self.local, key=lambda d: d.cosine, default=None)
 
-    def table(self):
-        from rich.table import Table
-
+    def table(self) -> Table:
         t = Table(title="offload.compare: offloaded vs float")
         for col in ("where", "tensor", "shape", "cosine", "max abs err", "rel err"):
             t.add_column(col, overflow="fold")

@@ -3,20 +3,28 @@
 A candidate is an ``nn.EmbeddingBag`` / ``nn.Embedding`` call, an ``F.embedding_bag`` call on a
 parameter, or a maximal MLP chain: consecutive ``call_module`` nodes of supported layer types, each
 feeding only the next, starting at a ``Linear``. Everything else is reported, never touched.
+
+:func:`apply` is the first partition pass: it traces the model and gives every candidate and every
+skipped node a report row.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Candidate", "find_candidates", "functional_args", "trace", "MLP_LAYERS", "OPS"]
+from offload.partition.report import Decision
+
+if TYPE_CHECKING:  # state.py holds Candidate lists, so it imports this module, not the reverse
+    from offload.partition.state import State
+
+__all__ = ["Candidate", "apply", "find_candidates", "functional_args", "bag_inputs", "trace", "MLP_LAYERS", "OPS"]
 
 OPS = ("embedding_bag", "embedding", "mlp")
 # Layers the MLP kernel implements (Linear + element-wise activations; BatchNorm1d folds into the
@@ -90,6 +98,17 @@ def functional_args(node: fx.Node) -> dict[str, Any]:
     out = dict(zip(EMB_BAG_PARAMS, node.args))
     out.update(node.kwargs)
     return out
+
+
+def bag_inputs(c: Candidate) -> tuple[Any, Any]:
+    """The (input, offsets) arguments of a bag candidate's call, module or functional."""
+    n = c.first
+    if c.functional:
+        a = functional_args(n)
+        return a["input"], a.get("offsets")
+    inp = n.args[0] if n.args else n.kwargs["input"]
+    off = n.args[1] if len(n.args) > 1 else n.kwargs.get("offsets")
+    return inp, off
 
 
 def _bag_from_functional(gm: fx.GraphModule, node: fx.Node) -> tuple[nn.EmbeddingBag | None, str]:
@@ -181,3 +200,20 @@ def find_candidates(gm: fx.GraphModule, ops: tuple[str, ...] = OPS) -> tuple[lis
         if not _mlp_type(mod):
             skipped.append(Skipped(node, type(mod).__name__, f"no offload kernel for {type(mod).__name__}", mod))
     return cands, skipped
+
+
+def apply(st: State) -> None:
+    """Pass: trace ``st.model`` (a failure lands in ``st.trace_error``) and list its candidates, each
+    with a report row, then the skipped nodes, each with a "kept" row saying why."""
+    try:
+        st.gm = trace(st.model)
+    except Exception as e:  # noqa: BLE001 - FX raises many types (TraceError, TypeError, RuntimeError...)
+        st.trace_error = e
+        return
+    st.candidates, st.skipped = find_candidates(st.gm, st.ops)
+    for c in st.candidates:
+        st.decisions[c.name] = Decision(c.name, c.kind, ",".join(c.targets), c.describe(), False, "")
+        st.report.decisions.append(st.decisions[c.name])
+    for s in st.skipped:
+        target = str(s.node.target) if s.node.op == "call_module" else "F." + s.node.target.__name__  # only F.embedding_bag calls are skipped
+        st.report.decisions.append(Decision(s.node.name, s.kind, target, "", False, s.reason))

@@ -34,6 +34,7 @@ from offload.kernels.mlp import MlpSpec
 from offload.quant.drift import check_drift
 from offload.quant.metrics import auc
 from offload.quant.report import LayerRow, QuantReport
+from offload.sim.errors import FormatError, InputError, InputTypeError
 from offload.sim.fixed import FixedType
 from offload.sim.mlp import MlpLayer, forward, quantize_like_hls4ml
 
@@ -123,11 +124,21 @@ def _fx(i: int, f: int, signed: bool = True, q: str = "AP_RND", o: str = "AP_SAT
     return str(FixedType(w, i if w == i + f else w - f, signed, q, o))
 
 
+def _check_type(text: Any) -> None:
+    """Refuse a type string ap_types cannot parse (sim.fixed raises plain ValueError/TypeError)."""
+    try:
+        FixedType.parse(text)
+    except ValueError as e:
+        raise FormatError(str(e)) from e
+    except TypeError as e:
+        raise InputTypeError(str(e)) from e
+
+
 def fixed_precision(layers: Sequence[FloatLayer], precision: str | Mapping[str, Any], *, table_size: int = 1024) -> tuple[str, dict[str, dict]]:
     """Types from a user choice: one type string for all, or ``{layer: {role: type} | type}``."""
     names = [fl.name for fl in layers]
     if isinstance(precision, str):
-        FixedType.parse(precision)
+        _check_type(precision)
         default, per = precision, {}
     elif isinstance(precision, Mapping):
         unknown = set(precision) - set(names) - {"input", "default"}
@@ -135,9 +146,9 @@ def fixed_precision(layers: Sequence[FloatLayer], precision: str | Mapping[str, 
             raise KeyError(f"precision has unknown keys {sorted(unknown)}; layer names are {names} (plus 'input', 'default')")
         default, per = precision.get("default", DEFAULT_TYPE), precision
     else:
-        raise TypeError(f"precision must be 'auto', a type string or a dict, got {type(precision).__name__}")
+        raise InputTypeError(f"precision must be 'auto', a type string or a dict, got {type(precision).__name__}")
     input_type = str(per.get("input", default))
-    FixedType.parse(input_type)
+    _check_type(input_type)
     types: dict[str, dict] = {}
     for fl in layers:
         roles = _ROLES[fl.op]
@@ -153,9 +164,9 @@ def fixed_precision(layers: Sequence[FloatLayer], precision: str | Mapping[str, 
                 raise KeyError(f"precision[{fl.name!r}]: unknown roles {sorted(bad)}; a {fl.op} layer has {list(roles)}")
             t.update(given)
         elif given is not None:
-            raise TypeError(f"precision[{fl.name!r}] must be a type string or a dict of roles")
+            raise InputTypeError(f"precision[{fl.name!r}] must be a type string or a dict of roles")
         for r in roles:
-            FixedType.parse(t[r])
+            _check_type(t[r])
         types[fl.name] = t
     return input_type, types
 
@@ -336,7 +347,7 @@ def _widest_valid(layers, plan: _Plan, table_size: int, n_features: int) -> int:
         except ValueError:
             continue
         return f
-    raise ValueError("quantization: the calibration ranges need more than 62 bits in some layer")
+    raise InputError("quantization: the calibration ranges need more than 62 bits in some layer")
 
 
 def choose_precision(

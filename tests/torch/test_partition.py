@@ -164,11 +164,91 @@ def test_table_too_large_for_the_card_stays_on_host():
 
 def test_factory_error_is_reported_not_raised():
     model = Toy().eval()
-    model.a.max_norm = 1.0  # renormalising lookups have no kernel: from_float raises ValueError
+    model.a.max_norm = 1.0  # renormalising lookups have no kernel: from_float refuses with InputError
     gm = offload.offload(model, _inputs(), ops=("embedding_bag",), device="sim")
     d = gm.offload_report.decision("a")
-    assert not d.offloaded and "max_norm" in d.reason
+    assert not d.offloaded and "max_norm" in d.reason and d.reason.startswith("InputError: ")
     assert gm.offload_report.decision("b").offloaded
+
+
+def test_a_format_the_kernel_refuses_keeps_tables_on_host():
+    # Parsed by ap_types, refused: 'XX' is no rounding mode. The kernel library's ValueError
+    # reaches partition as the factory's FormatError, so the tables are kept, not the call failed.
+    gm = offload.offload(Toy().eval(), _inputs(), fmt="ap_fixed<16,6,XX>", ops=("embedding_bag",), device="sim")
+    rep = gm.offload_report
+    assert rep.offloaded == [] and all(d.reason.startswith("FormatError: unknown rounding mode 'XX'") for d in rep.kept[:3])
+    assert any("batching ['a', 'b'] failed (FormatError" in n for n in rep.notes)
+
+
+class _Scorer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+def test_values_the_kernels_cannot_hold_keep_their_candidate_on_host():
+    # NaN in a table, an infinite weight, non-finite calibration rows: each factory refuses with
+    # InputError (plain ValueErrors of the kernel library and sim.fixed before), so partition keeps
+    # the candidate and says why.
+    model = Toy().eval()
+    with torch.no_grad():
+        model.a.weight[3, 1] = float("nan")
+    rep = offload.offload(model, _inputs(), ops=("embedding_bag",), batch_tables=False, device="sim").offload_report
+    assert rep.decision("a").reason == "InputError: quantize into ap_fixed<16,6>: NaN has no fixed-point value (ap_types flags it as unsupported)"
+    assert rep.decision("b").offloaded
+    scorer = _Scorer().eval()
+    with torch.no_grad():
+        scorer.mlp[0].weight[0, 0] = float("inf")
+    rep = offload.offload(scorer, (torch.ones(8, 4),), device="sim").offload_report
+    assert rep.decisions[0].reason == "InputError: layer '0': parameter weight has NaN or infinite values"
+    rep = offload.offload(_Scorer().eval(), (torch.full((8, 4), float("nan")),), device="sim").offload_report
+    assert rep.decisions[0].reason == "InputError: calib row 0 column 0 is not finite"
+
+
+# Each offload.nn factory partition calls, with a model and ops that reach it.
+_FACTORIES = {
+    "EmbeddingBag": (lambda: (Toy().eval(), _inputs()), {"ops": ("embedding_bag",), "batch_tables": False}, "a"),
+    "TableBatchedEmbeddingBags": (lambda: (Toy().eval(), _inputs()), {"ops": ("embedding_bag",)}, "a"),
+    "Embedding": (lambda: (Toy().eval(), _inputs()), {"ops": ("embedding",)}, "e"),
+    "MLP": (lambda: (_Scorer().eval(), (torch.randn(8, 4, generator=torch.Generator().manual_seed(0)),)), {"ops": ("mlp",)}, "mlp_0..mlp_1"),
+}
+
+
+def _patch_factory(monkeypatch, name: str, err: Exception) -> None:
+    def from_float(cls, *args, **kwargs):
+        raise err
+
+    monkeypatch.setattr(getattr(offload.nn, name), "from_float", classmethod(from_float))
+
+
+@pytest.mark.parametrize("factory", sorted(_FACTORIES))
+@pytest.mark.parametrize("bug", [AttributeError("'NoneType' object has no attribute 'weight'"), KeyError("t0")], ids=["AttributeError", "KeyError"])
+def test_a_bug_in_a_factory_propagates_instead_of_becoming_a_kept_row(monkeypatch, factory, bug):
+    make, kw, _ = _FACTORIES[factory]
+    model, inputs = make()
+    _patch_factory(monkeypatch, factory, bug)
+    with pytest.raises(type(bug)) as info:
+        offload.offload(model, inputs, device="sim", **kw)
+    assert info.value is bug
+
+
+@pytest.mark.parametrize("factory", sorted(_FACTORIES))
+def test_a_factory_refusal_becomes_a_kept_row_with_its_message(monkeypatch, factory):
+    from offload.sim.errors import UnsupportedError
+
+    make, kw, node = _FACTORIES[factory]
+    model, inputs = make()
+    _patch_factory(monkeypatch, factory, UnsupportedError("no kernel for this table\nsecond line"))
+    rep = offload.offload(model, inputs, device="sim", **kw).offload_report
+    if factory == "TableBatchedEmbeddingBags":  # the batch is refused: its tables go one by one
+        assert rep.notes == ["batching ['a', 'b'] failed (UnsupportedError: no kernel for this table\nsecond line); offloaded one by one"]
+        assert rep.decision(node).offloaded and rep.batches == []
+    else:
+        d = rep.decision(node)
+        assert not d.offloaded and d.reason == "UnsupportedError: no kernel for this table"
 
 
 def test_untraceable_model_runs_unchanged_with_reason():

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import offload
-import offload.partition.core as partition
+import offload.partition.replace as partition_replace
 
 
 class Mixed(nn.Module):
@@ -41,13 +41,13 @@ def _batch(n, seed):
 def test_chain_boundaries_and_calibration_recording(monkeypatch):
     model = Mixed().eval()
     seen = {}
-    real = partition.build_mlp
+    real = partition_replace.build_mlp
 
     def spy(seq, calib, *a, **kw):
         seen[tuple(type(m).__name__ for m in seq)] = calib
         return real(seq, calib, *a, **kw)
 
-    monkeypatch.setattr(partition, "build_mlp", spy)
+    monkeypatch.setattr(partition_replace, "build_mlp", spy)
     calib = [_batch(64, 1), _batch(32, 2)]
     gm = offload.offload(model, _batch(8, 0), ops=("mlp",), calib=calib, device="sim")
     rep = gm.offload_report

@@ -1,0 +1,97 @@
+"""The one object every partition pass reads and writes (the role FINN's ``ModelWrapper`` plays).
+
+``offload.offload`` builds a :class:`State` with :func:`start` and hands it to the passes in turn:
+find (trace, candidates), calibrate (MLP inputs), budget (card memory), group (table batching),
+replace (graph surgery). Each pass fills its own fields; none keeps anything elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from offload.hls.cards import Card, get_card
+from offload.host import Device
+from offload.partition.find import Candidate, Skipped
+from offload.partition.report import Decision, OffloadReport
+
+__all__ = ["State", "start", "table_key", "TABLE_KINDS"]
+
+TABLE_KINDS = ("embedding_bag", "embedding")
+
+
+@dataclass
+class State:
+    """The model being partitioned, the user's choices, and what each pass found or decided."""
+
+    # the call: model, example inputs as positional args, and the user's choices
+    model: nn.Module
+    ops: tuple[str, ...]
+    device: str | Device | None
+    card: Card
+    fmt: str
+    precision: Any
+    reuse_factor: int
+    batch_tables: bool
+    calib: list[tuple]  # input batches MLP chains calibrate on (the example inputs when none given)
+    calib_given: bool
+    report: OffloadReport
+    # find
+    gm: fx.GraphModule | None = None
+    trace_error: Exception | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    decisions: dict[str, Decision] = field(default_factory=dict)  # candidate name -> its report row
+    # calibrate
+    recorded: dict[str, torch.Tensor] = field(default_factory=dict)  # MLP chain name -> its input rows
+    # budget
+    batchable: list[Candidate] = field(default_factory=list)  # bag tables on the card, called once
+    # group
+    groups: list[list[Candidate]] = field(default_factory=list)
+    # replace: offloaded graph node -> float node it stands for; offload module -> its float module
+    node_map: dict[str, str] = field(default_factory=dict)
+    float_refs: dict[str, nn.Module] = field(default_factory=dict)
+
+
+def table_key(c: Candidate) -> tuple:
+    """Identity of the table a candidate reads (MLP chains are never shared)."""
+    if c.kind == "mlp":
+        return ("mlp", c.name)
+    return (c.kind, c.targets[0], c.bag_mode)
+
+
+def _as_args(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _calib_batches(calib: Any, example: tuple) -> list[tuple]:
+    if calib is None:
+        return [example]
+    if isinstance(calib, torch.Tensor):
+        return [(calib,)]
+    if hasattr(calib, "__array__") and not isinstance(calib, (list, tuple)):  # one NumPy batch of features
+        return [(torch.as_tensor(calib),)]
+    if not isinstance(calib, (list, tuple)) or not calib:
+        raise TypeError("calib: expected a non-empty list of example input batches (each a tuple of args or a tensor)")
+    return [_as_args(b) for b in calib]
+
+
+def _device_name(device: str | Device | None) -> str:
+    return str(device) if device is None or isinstance(device, str) else device.name
+
+
+def start(model: nn.Module, example_inputs: Any, *, ops: tuple[str, ...], calib: Any, device: str | Device | None,
+          card: str | Card, fmt: str, precision: Any, reuse_factor: int, batch_tables: bool) -> State:
+    """Check ``offload.offload``'s arguments and hold them in a fresh :class:`State`."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(reuse_factor, int) or reuse_factor < 1:
+        raise ValueError(f"reuse_factor: expected an integer >= 1, got {reuse_factor!r}")
+    card_ = get_card(card)
+    batches = _calib_batches(calib, _as_args(example_inputs))
+    report = OffloadReport(device=_device_name(device), card=card_.name, fmt=fmt)
+    return State(model, tuple(ops), device, card_, fmt, precision, reuse_factor, batch_tables, batches, calib is not None, report)
