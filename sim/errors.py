@@ -19,6 +19,7 @@ __all__ = [
     "InputError",
     "InputIndexError",
     "InputTypeError",
+    "InputKeyError",
     "UnsupportedError",
     "BundleError",
     "DeviceError",
@@ -50,6 +51,13 @@ class InputIndexError(OffloadError, IndexError):
 
 class InputTypeError(OffloadError, TypeError):
     """An input of the wrong type or dtype; names the field, what came and what is accepted."""
+
+
+class InputKeyError(OffloadError, KeyError):
+    """A name that is not among those the call knows (a layer, a role, a table); lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted, as a repr
+        return str(self.args[0]) if self.args else ""
 
 
 class UnsupportedError(OffloadError, NotImplementedError):

@@ -34,7 +34,7 @@ from offload.kernels.mlp import MlpSpec
 from offload.quant.drift import check_drift
 from offload.quant.metrics import auc
 from offload.quant.report import LayerRow, QuantReport
-from offload.sim.errors import FormatError, InputError, InputTypeError
+from offload.sim.errors import FormatError, InputError, InputKeyError, InputTypeError
 from offload.sim.fixed import FixedType
 from offload.sim.mlp import MlpLayer, forward, quantize_like_hls4ml
 
@@ -143,7 +143,7 @@ def fixed_precision(layers: Sequence[FloatLayer], precision: str | Mapping[str, 
     elif isinstance(precision, Mapping):
         unknown = set(precision) - set(names) - {"input", "default"}
         if unknown:
-            raise KeyError(f"precision has unknown keys {sorted(unknown)}; layer names are {names} (plus 'input', 'default')")
+            raise InputKeyError(f"precision has unknown keys {sorted(unknown)}; layer names are {names} (plus 'input', 'default')")
         default, per = precision.get("default", DEFAULT_TYPE), precision
     else:
         raise InputTypeError(f"precision must be 'auto', a type string or a dict, got {type(precision).__name__}")
@@ -161,7 +161,7 @@ def fixed_precision(layers: Sequence[FloatLayer], precision: str | Mapping[str, 
         elif isinstance(given, Mapping):
             bad = set(given) - set(roles) - {"table_size"}
             if bad:
-                raise KeyError(f"precision[{fl.name!r}]: unknown roles {sorted(bad)}; a {fl.op} layer has {list(roles)}")
+                raise InputKeyError(f"precision[{fl.name!r}]: unknown roles {sorted(bad)}; a {fl.op} layer has {list(roles)}")
             t.update(given)
         elif given is not None:
             raise InputTypeError(f"precision[{fl.name!r}] must be a type string or a dict of roles")

@@ -344,3 +344,29 @@ def test_partitioned_model_saves_as_one_bundle(toy, tmp_path):
     # the graph's offload modules; the batched one holds both tables.
     assert sorted(b.kernels) == sorted({d.replacement for d in gm.offload_report.offloaded})
     assert b.kernels["offload_tables_0"].spec.num_tables == 2
+
+
+def test_a_precision_naming_another_chains_layer_keeps_this_chain_on_host():
+    # precision={layer: ...} names a layer of one chain; a chain without it is refused with a typed
+    # error (InputKeyError, still a KeyError) and kept on host, while the chain that has it goes.
+    class TwoChains(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+            self.gelu = torch.nn.GELU()
+            self.b = torch.nn.Sequential(torch.nn.Linear(3, 2))
+
+        def forward(self, x):
+            return self.b(self.gelu(self.a(x)))
+
+    torch.manual_seed(0)
+    model = TwoChains().eval()
+    x = torch.randn(32, 4)
+    first = offload.nn.MLP.layer_names(torch.nn.Sequential(model.a[0], model.a[1]))[1]  # "relu1": chain a only
+    with pytest.raises(KeyError):
+        offload.nn.MLP.from_float(torch.nn.Sequential(model.b[0]), calib=x[:, :3], precision={first: "ap_fixed<16,6>"})
+    gm = offload.offload(model, (x,), ops=("mlp",), calib=[(x,)], precision={first: "ap_fixed<16,6>"}, device="sim")
+    rep = gm.offload_report
+    kept = [d for d in rep.decisions if d.kind == "mlp" and not d.offloaded]
+    done = [d for d in rep.decisions if d.kind == "mlp" and d.offloaded]
+    assert len(done) == 1 and len(kept) == 1 and "InputKeyError" in kept[0].reason and "unknown keys" in kept[0].reason, rep
