@@ -19,7 +19,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np

@@ -23,7 +23,6 @@ Usage (OPENBLAS_NUM_THREADS=1: the simulator's float BLAS sums on one thread, li
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch

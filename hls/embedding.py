@@ -71,7 +71,7 @@ def _param_dtype(ts: TableSpec) -> np.dtype:
 
 
 def top_args(spec: EmbeddingSpec) -> list[KernelArg]:
-    acc, out_t, wt = spec.acc_type, spec.out_type, spec.weight_type
+    out_t, wt = spec.out_type, spec.weight_type
     args: list[KernelArg] = []
     for t, ts in enumerate(spec.tables):
         args.append(KernelArg(f"table{t}", "resident", ts.storage_dtype(), table_bundle(spec, t)))

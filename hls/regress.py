@@ -42,7 +42,7 @@ import numpy as np
 
 from offload.hls import csim
 from offload.hls.registry import get_hls_kind
-from offload.hls.reports import RESOURCES, ReportError, find_report, parse_report
+from offload.hls.reports import ReportError, find_report, parse_report
 from offload.kernels.catalogue import Entry, Golden, GoldenError, diff_golden, entries as catalogue_entries, load_golden, golden_dir, write_golden
 from offload.kernels.registry import get_kind
 

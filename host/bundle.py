@@ -41,7 +41,7 @@ import tempfile
 import uuid as _uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from offload.host._manifest import DTYPES, FORMAT, VERSION
 from offload.kernels.registry import Kernel, get_kind
 from offload.sim.errors import BundleError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
-__all__ = ["Bundle", "BundleError", "save", "load", "record_xclbin", "xclbin_uuid", "FORMAT", "VERSION", "DTYPES", "MMAP_MIN_BYTES"]
+__all__ = ["Bundle", "BundleError", "KernelSource", "save", "load", "record_xclbin", "xclbin_uuid", "FORMAT", "VERSION", "DTYPES", "MMAP_MIN_BYTES"]
 
 MANIFEST = "manifest.json"
 # Tensors this large are memory-mapped (read-only) instead of copied into memory at load.
@@ -82,13 +82,22 @@ class Bundle:
         return list(self.kernels.values())
 
 
+@runtime_checkable
+class KernelSource(Protocol):
+    """What ``save`` accepts besides kernels and bundles: an object that lists its kernels (the
+    ``offload.nn`` modules and a partitioned model do). A protocol, so this torch-free layer needs
+    no import of the torch modules that implement it."""
+
+    def offload_kernels(self) -> list[Kernel]: ...
+
+
 def _as_bundle(obj: Any, name: str | None, meta: Mapping[str, Any] | None) -> Bundle:
     if isinstance(obj, Bundle):
         b = Bundle(obj.name, dict(obj.kernels), dict(obj.meta), obj.xclbin, obj.xclbin_uuid, obj.target, obj.platform, dict(obj.compute_units))
     else:
         if isinstance(obj, Kernel):
             kernels: Iterable[Kernel] = [obj]
-        elif hasattr(obj, "offload_kernels"):
+        elif isinstance(obj, KernelSource):
             kernels = obj.offload_kernels()
         elif isinstance(obj, (list, tuple)):
             kernels = obj
@@ -141,7 +150,7 @@ def save(obj: Any, path: str | os.PathLike, *, name: str | None = None, meta: Ma
     is refused.
     """
     dest = Path(path)
-    b = _as_bundle(obj, name or (None if hasattr(obj, "offload_kernels") else dest.stem), meta)
+    b = _as_bundle(obj, name or (None if isinstance(obj, KernelSource) else dest.stem), meta)
     if dest.exists() and not (dest / MANIFEST).is_file() and (not dest.is_dir() or any(dest.iterdir())):
         raise FileExistsError(f"save: {dest} exists and is not an offload bundle; refusing to overwrite it")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -235,7 +244,7 @@ def record_xclbin(
 ) -> Bundle:
     """Copy a built xclbin into the bundle and record its UUID, target card and compute units."""
     root = Path(bundle_path)
-    b = load(root)  # verifies the rest first
+    load(root)  # verifies the rest first
     (root / (_XCLBIN_NAME + ".tmp")).unlink(missing_ok=True)  # never write through a planted link
     shutil.copyfile(xclbin, root / (_XCLBIN_NAME + ".tmp"))
     os.replace(root / (_XCLBIN_NAME + ".tmp"), root / _XCLBIN_NAME)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import weakref
 from typing import Optional, Sequence
 
-import numpy as np
 import torch
 
 import offload.ops.embedding  # noqa: F401  (registers torch.ops.offload.embedding_lookup*)

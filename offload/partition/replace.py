@@ -17,6 +17,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from offload.host import Device
+from offload.host.bundle import KernelSource
 from offload.nn import MLP, Embedding, EmbeddingBag, TableBatchedEmbeddingBags
 from offload.partition.budget import table_bytes
 from offload.partition.find import Candidate, bag_inputs, functional_args
@@ -225,9 +226,8 @@ def _collect_kernels(gm: nn.Module) -> list:
     """The kernels of every offload module in ``gm`` (shared modules once), in graph order."""
     out = []
     for _, m in gm.named_modules():
-        f = getattr(m, "offload_kernels", None)
-        if m is not gm and callable(f):
-            out.extend(f())
+        if m is not gm and isinstance(m, KernelSource):
+            out.extend(m.offload_kernels())
     return out
 
 
