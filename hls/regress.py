@@ -40,10 +40,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+import offload.kernels
 from offload.hls import csim
 from offload.hls.registry import get_hls_kind
 from offload.hls.reports import ReportError, find_report, parse_report
-from offload.kernels.catalogue import Entry, Golden, GoldenError, diff_golden, entries as catalogue_entries, load_golden, golden_dir, write_golden
+from offload.kernels.catalogue import Entry, Golden, GoldenError, diff_golden, golden_dir, load_golden, read_index, write_golden
+from offload.kernels.catalogue import entries as catalogue_entries
 from offload.kernels.registry import get_kind
 
 __all__ = [
@@ -268,7 +270,6 @@ def baselines_dir() -> Path:
     env = os.environ.get("OFFLOAD_BASELINES_DIR")
     if env:
         return Path(env)
-    import offload.kernels
 
     return Path(offload.kernels.__file__).parent / "baselines"
 
@@ -694,7 +695,6 @@ def regenerate(selection: Iterable[Entry] | Iterable[str] | str | None = None, *
                 to_write.append(new)
     removed: list[str] = []
     if prune:
-        from offload.kernels.catalogue import read_index
 
         names = {e.name for e in sel}
         removed = [n for n in read_index(root) if n not in names]

@@ -47,6 +47,7 @@ import numpy as np
 
 from offload.host._buffered import BufferedDevice, Loaded
 from offload.host._pool import BufferPool
+from offload.host.bundle import xclbin_uuid
 from offload.host.device import DeviceError, DeviceTimeout, register_device
 
 __all__ = ["PynqDevice", "import_pynq", "PYNQ_RANGE"]
@@ -133,7 +134,6 @@ class PynqDevice(BufferedDevice):
     def load_xclbin(self, path: str | os.PathLike, expected_uuid: str | None = None, compute_units: Mapping[str, list[str]] | None = None) -> None:
         """Program the card with ``path`` through ``pynq.Overlay``; checks the UUID when one is expected."""
         if expected_uuid:
-            from offload.host.bundle import xclbin_uuid
 
             found = xclbin_uuid(path)
             if found is None or found.lower() != expected_uuid.lower():

@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 import offload.ops.mlp  # noqa: F401  (registers torch.ops.offload.mlp_score)
-from offload.ops.resident import make_resident, release_resident
+from offload.hls.mlp import hls_config
 from offload.kernels import Kernel
 from offload.kernels.mlp import MlpSpec, validate
+from offload.ops.resident import make_resident, release_resident
 from offload.quant.drift import check_drift
 from offload.quant.ptq import (
     FloatLayer,
@@ -277,7 +278,6 @@ class MLP(torch.nn.Module):
         """
         import hls4ml
 
-        from offload.hls.mlp import hls_config
 
         seq = self.canonical_torch()
         shape = (self.spec.n_features,)

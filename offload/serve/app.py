@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from offload import __version__
+from offload.host.bundle import load
 from offload.serve.auth import BearerAuth
 from offload.serve.batcher import DynamicBatcher
 from offload.serve.config import ServeConfig
@@ -148,8 +150,6 @@ class ScoringService:
 
     # -- routes -----------------------------------------------------------------------------------
     async def _server_meta(self, request: Request) -> Response:
-        from offload import __version__
-
         return _json({"name": "offload", "version": __version__, "extensions": ["binary_tensor_data"]})
 
     async def _live(self, request: Request) -> Response:
@@ -327,7 +327,6 @@ def create_app(bundle: Any, config: ServeConfig | None = None, **kw: Any):
         # uvicorn.run(app, host="127.0.0.1", port=8000)
     """
     if isinstance(bundle, (str, bytes)) or hasattr(bundle, "__fspath__"):
-        from offload.host.bundle import load
 
         bundle = load(bundle)
     return ScoringService(bundle, config, **kw).app

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import threading
 from typing import Any, Mapping
 
+from offload.host.bundle import load
+from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
 
 __all__ = ["deploy", "run_ray", "replica_device", "APP_NAME"]
@@ -43,7 +46,6 @@ def _replica_class():
         def __init__(self, bundle: str, config: dict, resource: str) -> None:
             import ray
 
-            from offload.serve.app import ScoringService
 
             cfg = ServeConfig(**config)
             assigned = ray.get_runtime_context().get_assigned_resources()
@@ -57,8 +59,6 @@ def _replica_class():
 
 
 def _load(path: str) -> Any:
-    from offload.host.bundle import load
-
     return load(path)
 
 
@@ -89,14 +89,11 @@ def deploy(bundle: str, config: ServeConfig, *, replicas: int = 1, resource: str
 
 
 def _cluster_running() -> bool:
-    import os
-
     return bool(os.environ.get("RAY_ADDRESS"))
 
 
 def run_ray(bundle: str, config: ServeConfig, *, replicas: int, resource: str, host: str, port: int) -> None:
     """``offload serve --ray``: deploys, then serves until SIGTERM/SIGINT, then shuts Ray Serve down."""
-    import os
 
     # Ray's C++ failure-signal handler turns SIGTERM into an immediate death (after a stack dump),
     # so the handler below would never run; this process only drives the deployment. Read when

@@ -12,6 +12,8 @@ from typing import Any
 
 import uvicorn
 
+from offload.host.bundle import load
+from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
 from offload.serve.errors import ConfigError
 from offload.serve.httpguard import HttpLimits, default_max_connections, guarded_protocol
@@ -83,8 +85,6 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
 
         serve("risk_bundle", ServeConfig(device="sim"), port=8000)
     """
-    from offload.host.bundle import load
-    from offload.serve.app import ScoringService
 
     check_port(port)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(asctime)s %(name)s %(levelname)s %(message)s")
