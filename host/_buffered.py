@@ -22,7 +22,7 @@ from offload.hls.registry import HlsKind, KernelArg, get_hls_kind
 from offload.host.device import DeviceError, DeviceInfo, DeviceTimeout, KernelHandle
 from offload.kernels.registry import Kernel, get_kind, resident_copy
 
-__all__ = ["BufferedDevice", "Loaded", "host_array", "scalar_value"]
+__all__ = ["BufferedDevice", "Loaded", "host_array", "scalar_value", "next_live_cu"]
 
 R = TypeVar("R")
 
@@ -36,6 +36,21 @@ class Loaded:
     top: str
     args: tuple[KernelArg, ...]
     state: Any = None
+
+
+def next_live_cu(loaded: Loaded, device: str) -> Any:
+    """The next compute unit of ``loaded`` in round-robin order that is not marked hung.
+
+    ``loaded.state`` holds ``cus`` (each with a ``hung`` flag), their ``next_cu`` cycle and the
+    ``lock`` that guards it: the card devices (xrt, pynq) keep their compute units that way.
+    """
+    st = loaded.state
+    with st.lock:
+        for _ in range(len(st.cus)):
+            cu = next(st.next_cu)
+            if not cu.hung:
+                return cu
+    raise DeviceError(f"kernel {loaded.kernel.name!r} on {device!r}: every compute unit is hung; reset the card (`xbutil reset`) and reopen")
 
 
 def host_array(kernel: str, arg: KernelArg, value: Any) -> np.ndarray:

@@ -45,7 +45,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from offload.host._buffered import BufferedDevice, Loaded
+from offload.host._buffered import BufferedDevice, Loaded, next_live_cu
 from offload.host._pool import BufferPool
 from offload.host.bundle import xclbin_uuid
 from offload.host.device import DeviceError, DeviceTimeout, register_device
@@ -218,17 +218,8 @@ class PynqDevice(BufferedDevice):
             cus.append(_PynqCu(cu, getattr(self._ol, cu), targets, bufs))
         return _PynqKernel(cus, itertools.cycle(cus), threading.Lock())
 
-    def _next_cu(self, loaded: Loaded) -> _PynqCu:
-        st: _PynqKernel = loaded.state
-        with st.lock:
-            for _ in range(len(st.cus)):
-                cu = next(st.next_cu)
-                if not cu.hung:
-                    return cu
-        raise DeviceError(f"kernel {loaded.kernel.name!r} on {self.name!r}: every compute unit is hung; reset the card (`xbutil reset`) and reopen")
-
     def _execute(self, loaded: Loaded, values: dict[str, Any], timeout: float | None) -> dict[str, np.ndarray]:
-        cu = self._next_cu(loaded)
+        cu: _PynqCu = next_live_cu(loaded, self.name)
         what = f"kernel {loaded.kernel.name!r} (compute unit {cu.name}) on {self.name!r}"
         deadline = None if timeout is None else time.monotonic() + timeout
         taken = []

@@ -51,7 +51,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from offload.host._buffered import BufferedDevice, Loaded
+from offload.host._buffered import BufferedDevice, Loaded, next_live_cu
 from offload.host._pool import BufferPool
 from offload.host.device import DeviceError, DeviceTimeout, register_device
 from offload.sim.errors import InputError
@@ -264,15 +264,6 @@ class XrtDevice(BufferedDevice):
             cus.append(_Cu(cu or loaded.top, k, bos, groups))
         return _XrtKernel(cus, itertools.cycle(cus), threading.Lock(), dict(resident))
 
-    def _next_cu(self, loaded: Loaded) -> _Cu:
-        st: _XrtKernel = loaded.state
-        with st.lock:
-            for _ in range(len(st.cus)):
-                cu = next(st.next_cu)
-                if not cu.hung:
-                    return cu
-        raise DeviceError(f"kernel {loaded.kernel.name!r} on {self.name!r}: every compute unit is hung; reset the card (`xbutil reset`)")
-
     def _scalar(self, loaded: Loaded, name: str, v: Any) -> int:
         if not (isinstance(v, (int, np.integer)) and _INT32[0] <= int(v) <= _INT32[1]):
             raise InputError(f"kernel {loaded.kernel.name!r}: scalar {name!r}={v!r} must be an int in [{_INT32[0]}, {_INT32[1]}] (pyxrt passes a C int)")
@@ -282,7 +273,7 @@ class XrtDevice(BufferedDevice):
         pyxrt = self._pyxrt
         sync_dir = pyxrt.xclBOSyncDirection
         scalars = {a.name: self._scalar(loaded, a.name, values[a.name]) for a in loaded.args if a.role == "scalar"}
-        cu = self._next_cu(loaded)
+        cu: _Cu = next_live_cu(loaded, self.name)
         pool = self._pool
         taken = []
         reuse = True
