@@ -612,7 +612,7 @@ def run_regression(selection: Iterable[Entry] | Iterable[str] | str | None = Non
         if measured:
             tool = next((r.checks["csynth"].data.get("tool_version") for r in ordered if r.name in measured), None)
             write_baselines(part, clock_ns, tool and f"vitis_hls {tool}", measured, baselines_root)
-    settings = {"kernel": _patterns_of(selection), "jobs": jobs, "device": getattr(device, "name", None), "csynth": csynth, "cosim": cosim}
+    settings = {"kernel": _patterns_of(selection), "jobs": jobs, "device": None if device is None else device.name, "csynth": csynth, "cosim": cosim}
     if csynth or cosim:
         settings.update({"part": part, "clock_ns": clock_ns, "tolerances": asdict(tolerances)})
     return RegressReport(ordered, settings, time.perf_counter() - t0)
@@ -695,7 +695,6 @@ def regenerate(selection: Iterable[Entry] | Iterable[str] | str | None = None, *
                 to_write.append(new)
     removed: list[str] = []
     if prune:
-
         names = {e.name for e in sel}
         removed = [n for n in read_index(root) if n not in names]
         for n in removed:

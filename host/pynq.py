@@ -134,7 +134,6 @@ class PynqDevice(BufferedDevice):
     def load_xclbin(self, path: str | os.PathLike, expected_uuid: str | None = None, compute_units: Mapping[str, list[str]] | None = None) -> None:
         """Program the card with ``path`` through ``pynq.Overlay``; checks the UUID when one is expected."""
         if expected_uuid:
-
             found = xclbin_uuid(path)
             if found is None or found.lower() != expected_uuid.lower():
                 raise DeviceError(f"xclbin {path}: UUID {found} does not match the bundle's recorded UUID {expected_uuid}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn as nn
@@ -73,7 +74,7 @@ def _calib_batches(calib: Any, example: tuple) -> list[tuple]:
         return [example]
     if isinstance(calib, torch.Tensor):
         return [(calib,)]
-    if hasattr(calib, "__array__") and not isinstance(calib, (list, tuple)):  # one NumPy batch of features
+    if isinstance(calib, np.ndarray):  # one NumPy batch of features
         return [(torch.as_tensor(calib),)]
     if not isinstance(calib, (list, tuple)) or not calib:
         raise TypeError("calib: expected a non-empty list of example input batches (each a tuple of args or a tensor)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from typing import Any, Callable
 
@@ -326,7 +327,6 @@ def create_app(bundle: Any, config: ServeConfig | None = None, **kw: Any):
         app = create_app("risk_bundle", ServeConfig(device="sim", max_batch_size=64))
         # uvicorn.run(app, host="127.0.0.1", port=8000)
     """
-    if isinstance(bundle, (str, bytes)) or hasattr(bundle, "__fspath__"):
-
+    if isinstance(bundle, (str, bytes, os.PathLike)):
         bundle = load(bundle)
     return ScoringService(bundle, config, **kw).app
