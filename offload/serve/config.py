@@ -18,6 +18,8 @@ class ServeConfig:
     - ``max_batch_size``: rows per device call (also the largest batch one request may carry).
     - ``max_queue_delay_us``: how long the oldest queued request may wait for a fuller batch
       (Triton's ``max_queue_delay_microseconds``); 0 runs whatever is queued as soon as the device is free.
+      A delay under 1 ms (the event loop's timer tick) arms no timer: a free device takes what the
+      server has read by the next pass of the loop (offload/serve/batcher.py says why).
     - ``max_queue_size``: queued requests beyond this get 503 at once instead of an unbounded queue.
     - ``request_timeout_ms``: a request not answered by then gets 504 (and leaves the queue).
     - ``device_timeout_ms``: passed to ``Device.run``; a :class:`DeviceTimeout` counts as a device fault.
