@@ -6,13 +6,17 @@ serving, the message-size limit, and one batcher for both protocols. All traffic
 from __future__ import annotations
 
 import concurrent.futures
+import signal
+import time
 
 import grpc
 import numpy as np
 import pytest
-from _serve_proc import free_port, serving
+from _serve_proc import free_port, risk_bundle, serving
 
 from offload.examples.risk import make_transactions
+from offload.host import open_device
+from offload.host.bundle import load
 
 tgrpc = pytest.importorskip("tritonclient.grpc")
 thttp = pytest.importorskip("tritonclient.http")
@@ -189,3 +193,28 @@ def test_rest_and_grpc_requests_share_one_batcher():
         assert m['offload_queue_duration_seconds_bucket{le="2.0",model="risk"}'] == 2
         assert yg.shape == yh.shape == (1, 1)
         assert s.stop() == 0
+
+
+def test_sigterm_answers_the_grpc_requests_already_taken():
+    """Requests queued behind a 3 s batching window when SIGTERM arrives are answered (with the
+    right numbers) before the process exits 0: the gRPC server is stopped with a grace period
+    while the batcher still runs."""
+    gport = free_port()
+    with serving("--grpc-port", str(gport), "--max-queue-delay-us", "3000000", "--request-timeout-ms", "20000") as s:
+        x = _rows(4, seed=9)
+        c = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}")
+        dev = open_device("sim")
+        h = dev.load(next(iter(load(risk_bundle()).kernels.values())))
+        want = [dev.run(h, {"x": x[i : i + 1].astype(np.float64)})["y"].astype(np.float32) for i in range(4)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futs = [pool.submit(_grpc_infer, c, x[i : i + 1], None) for i in range(4)]
+            end = time.monotonic() + 20
+            while s.metrics().get('offload_queue_depth{model="risk"}', 0.0) != 4:  # all four queued
+                assert time.monotonic() < end, "requests never queued"
+                time.sleep(0.05)
+            s.proc.send_signal(signal.SIGTERM)
+            got = [f.result(timeout=30).as_numpy("y") for f in futs]
+        c.close()
+        for i in range(4):
+            np.testing.assert_array_equal(got[i], want[i], err_msg=f"request {i}")
+        assert s.proc.wait(timeout=30) == 0
