@@ -18,6 +18,9 @@ SETTINGS_MAX_CONCURRENT_STREAMS), ``max_queue_size`` the RPCs in progress at onc
 answers RESOURCE_EXHAUSTED). With ``api_key`` set, every RPC but ServerLive/ServerReady (the REST
 health routes' counterparts) needs metadata ``authorization: Bearer <key>``.
 
+The port is off unless asked for (``offload serve --grpc-port N``; Triton's default is 8001): a
+second listener is a second surface to guard, so it opens only when someone will use it.
+
 Example::
 
     svc.grpc = GrpcEndpoint(svc, "127.0.0.1", 8001)   # started and stopped by the app's lifespan

@@ -218,3 +218,14 @@ def test_sigterm_answers_the_grpc_requests_already_taken():
         for i in range(4):
             np.testing.assert_array_equal(got[i], want[i], err_msg=f"request {i}")
         assert s.proc.wait(timeout=30) == 0
+
+
+def test_every_serve_error_has_a_grpc_status_in_the_one_table():
+    from offload.serve import errors
+
+    for cls, (http, kind, code) in errors.HTTP_STATUS.items():
+        assert code in grpc.StatusCode.__members__, f"{cls.__name__}: {code!r} is no gRPC status"
+        assert errors.grpc_answer(cls("x")) == (code, kind) and errors.answer(cls("x")) == (http, kind)
+        assert code != "OK"
+    assert errors.grpc_answer(errors.InvalidRequest("x")) == ("INVALID_ARGUMENT", "bad_request")
+    assert errors.grpc_answer(errors.QueueFull("x"))[0] == "UNAVAILABLE"  # the code clients retry
