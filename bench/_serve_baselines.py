@@ -4,10 +4,12 @@ does; orjson; the same OIP parser and encoder):
 
 - ``naive``: the float torch model called once per request, in the request handler, no batching.
 - ``floor``: a trivial endpoint that reads the body and returns a constant OIP response: the
-  cost of the HTTP round trip alone.
+  cost of the HTTP round trip alone. With ``--grpc-port`` the same process also answers the OIP
+  v2 gRPC ModelInfer with a constant (grpc.aio on the same uvloop, as ``offload serve`` runs it):
+  the cost of the gRPC round trip alone.
 
     python bench/_serve_baselines.py naive WEIGHTS.npz --port 8001
-    python bench/_serve_baselines.py floor --port 8002
+    python bench/_serve_baselines.py floor --port 8002 [--grpc-port 8003]
 """
 
 from __future__ import annotations
@@ -87,14 +89,43 @@ def _app(infer):
     return app
 
 
+async def _with_grpc_floor(server: uvicorn.Server, grpc_port: int) -> None:
+    import grpc
+
+    from offload.serve.proto import grpc_predict_v2_pb2 as pb
+    from offload.serve.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+
+    const = pb.ModelInferResponse(model_name="risk", model_version="1", outputs=[pb.ModelInferResponse.InferOutputTensor(name="y", datatype="FP32", shape=[1, 1])], raw_output_contents=[np.float32(0.5).tobytes()])
+
+    class Floor(pb_grpc.GRPCInferenceServiceServicer):
+        async def ModelInfer(self, request, context):
+            return const
+
+    g = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(Floor(), g)
+    g.add_insecure_port(f"127.0.0.1:{grpc_port}")
+    await g.start()
+    try:
+        await server.serve()
+    finally:
+        await g.stop(1.0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("kind", choices=["naive", "floor"])
     ap.add_argument("weights", nargs="?")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--grpc-port", type=int, default=None, help="floor only: also a constant gRPC ModelInfer")
     a = ap.parse_args()
     app = naive_app(a.weights) if a.kind == "naive" else floor_app()
-    uvicorn.Server(_uvicorn_config(app, "127.0.0.1", a.port, 5.0, "warning")).run()
+    server = uvicorn.Server(_uvicorn_config(app, "127.0.0.1", a.port, 5.0, "warning"))
+    if a.grpc_port is None:
+        server.run()
+    else:
+        import uvloop
+
+        uvloop.run(_with_grpc_floor(server, a.grpc_port))
 
 
 if __name__ == "__main__":

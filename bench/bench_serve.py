@@ -12,6 +12,15 @@ batch-1 requests at several constant rates:
 
 Each cell is the median of ``--repeats`` interleaved sweeps (the machine is shared). Server CPU
 per request (from /proc) is reported too: unlike latency, it hardly moves with other load.
+
+``--protocols`` measures instead gRPC against REST (binary tensors) on ONE ``offload serve
+--grpc-port`` process: batch-1 requests from stock ``tritonclient.grpc`` and ``tritonclient.http``
+clients, one request at a time, in alternating rounds (the order flips every round), so both
+protocols see the same machine load. p50 / p99 over all rounds and server CPU per request. The
+same clients also call each protocol's floor (``_serve_baselines.py floor --grpc-port``: constant
+answers on the same stacks), which bounds what the service could reach on either.
+
+    .venv/bin/python bench/bench_serve.py --protocols [--rounds 20] [--per-round 250]
 """
 
 from __future__ import annotations
@@ -70,11 +79,86 @@ def _sustained(rows: list[dict], rate: float) -> bool:
     return not r["errors"] and r["throughput"] >= 0.97 * rate
 
 
+def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
+    """gRPC vs REST binary, batch 1, closed loop (one request in flight), interleaved rounds."""
+    import tritonclient.grpc as tgrpc
+    import tritonclient.http as thttp
+
+    from offload.examples.risk import make_transactions
+
+    port, gport, fport, fgport = _port(), _port(), _port(), _port()
+    proc = _start([sys.executable, "-m", "offload.cli", "serve", str(bundle), "--port", str(port), "--grpc-port", str(gport), "--device", "sim"], port)
+    floor = _start([sys.executable, "bench/_serve_baselines.py", "floor", "--port", str(fport), "--grpc-port", str(fgport)], fport)
+    x = make_transactions(per_round, 11)[0].astype(np.float32)
+    gc_, hc = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}"), thttp.InferenceServerClient(f"127.0.0.1:{port}")
+    fgc, fhc = tgrpc.InferenceServerClient(f"127.0.0.1:{fgport}"), thttp.InferenceServerClient(f"127.0.0.1:{fport}")
+    g_in, h_in = [], []
+    for i in range(per_round):  # inputs built up front: the clock covers the call alone
+        gi = tgrpc.InferInput("x", [1, 16], "FP32")
+        gi.set_data_from_numpy(x[i : i + 1])
+        hi = thttp.InferInput("x", [1, 16], "FP32")
+        hi.set_data_from_numpy(x[i : i + 1], binary_data=True)
+        g_in.append([gi])
+        h_in.append([hi])
+    h_out = [thttp.InferRequestedOutput("y", binary_data=True)]
+    calls = {
+        "grpc": lambda i: gc_.infer("risk", g_in[i]),
+        "rest_binary": lambda i: hc.infer("risk", h_in[i], outputs=h_out),
+        # The same clients against constant answers on the same stacks: each protocol's floor.
+        "grpc_floor": lambda i: fgc.infer("risk", g_in[i]),
+        "rest_floor": lambda i: fhc.infer("risk", h_in[i]),
+    }
+    pid = {"grpc": proc.pid, "rest_binary": proc.pid, "grpc_floor": floor.pid, "rest_floor": floor.pid}
+    lat: dict[str, list[float]] = {k: [] for k in calls}
+    cpu: dict[str, float] = {k: 0.0 for k in calls}
+    round_p50: dict[str, list[float]] = {k: [] for k in calls}
+    try:
+        for k, f in calls.items():  # warm-up: connections, first-call paths
+            for i in range(min(200, per_round)):
+                f(i)
+        for r in range(rounds):
+            for k in list(calls)[:: 1 if r % 2 == 0 else -1]:
+                f, one = calls[k], []
+                c0 = _cpu_s(pid[k])
+                for i in range(per_round):
+                    t = time.perf_counter()
+                    f(i)
+                    one.append(time.perf_counter() - t)
+                cpu[k] += (_cpu_s(pid[k]) or 0.0) - (c0 or 0.0)
+                lat[k] += one
+                round_p50[k].append(float(np.median(one)) * 1e6)
+    finally:
+        for c in (gc_, hc, fgc, fhc):
+            c.close()
+        for p in (proc, floor):
+            p.terminate()
+        for p in (proc, floor):
+            p.wait(timeout=30)
+    out = {}
+    for k in calls:
+        a = np.array(lat[k]) * 1e6
+        out[k] = {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "server_cpu_us_per_req": cpu[k] / len(a) * 1e6, "round_p50_us": round_p50[k]}
+    wins = sum(g <= r for g, r in zip(round_p50["grpc"], round_p50["rest_binary"]))
+    out["grpc_over_rest_p50"] = out["grpc"]["p50_us"] / out["rest_binary"]["p50_us"]
+    out["rounds_grpc_p50_at_or_below_rest"] = f"{wins}/{rounds}"
+    print(f"\nbatch 1, one request in flight, {rounds} interleaved rounds x {per_round} requests per protocol")
+    print("| protocol | p50 us | p99 us | server CPU us/req |\n|---|---:|---:|---:|")
+    for k in calls:
+        print(f"| {k} | {out[k]['p50_us']:.0f} | {out[k]['p99_us']:.0f} | {out[k]['server_cpu_us_per_req']:.0f} |")
+    out["grpc_floor_over_rest_floor_p50"] = out["grpc_floor"]["p50_us"] / out["rest_floor"]["p50_us"]
+    print(f"gRPC p50 / REST binary p50: {out['grpc_over_rest_p50']:.2f}x (goal <= 1); gRPC at or below REST in {wins}/{rounds} rounds")
+    print(f"floors (constant answers, same stacks and clients): gRPC / REST p50 {out['grpc_floor_over_rest_floor_p50']:.2f}x")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="1000,2000,3000,4000,5000,6000")
     ap.add_argument("--duration", type=float, default=4.0)
     ap.add_argument("--repeats", type=int, default=3, help="sweeps; each cell reports the median")
+    ap.add_argument("--protocols", action="store_true", help="gRPC vs REST binary p50 at batch 1 instead of the rate sweep")
+    ap.add_argument("--rounds", type=int, default=20, help="--protocols: interleaved rounds")
+    ap.add_argument("--per-round", type=int, default=250, help="--protocols: requests per protocol per round")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rates = [float(r) for r in a.rates.split(",")]
@@ -88,6 +172,11 @@ def main() -> None:
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     build_risk_bundle(tmp / "risk")
+    if a.protocols:
+        res = protocols(tmp / "risk", a.rounds, a.per_round)
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=2) + "\n")
+        return
     # The naive server's float model: the same training (same seed) as the bundle's, saved as npz.
     x, y = make_transactions(20000, 0)
     model = train_float_model(x, y, seed=0)

@@ -85,6 +85,9 @@ class ScoringService:
         self._started = False
         self.draining = False  # set first thing on SIGTERM: readiness goes off before anything closes
         self._timeout_s = cfg.request_timeout_ms / 1e3
+        # The second protocol's listener (offload.serve.oip_grpc.GrpcEndpoint), set by serve() when
+        # a gRPC port is asked for; it shares this service's batcher, runner and metrics.
+        self.grpc: Any = None
         self.app = self._build()
 
     def count_response(self, status: int) -> None:
@@ -102,9 +105,13 @@ class ScoringService:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
         await self._ensure_started()
+        if self.grpc is not None:
+            await self.grpc.start()
         try:
             yield
         finally:
+            if self.grpc is not None:  # answers the RPCs it has taken, while the batcher still runs
+                await self.grpc.stop(self.config.drain_timeout_s)
             await self.batcher.stop()
             self.runner.close()
 
@@ -156,11 +163,11 @@ class ScoringService:
     async def _live(self, request: Request) -> Response:
         return _json({"live": True})
 
-    def _is_ready(self) -> bool:
+    def is_ready(self) -> bool:
         return self._started and not self.draining and (self.runner.state == "up" or self.config.fallback == "sim")
 
     async def _ready(self, request: Request) -> Response:
-        ok = self._is_ready()
+        ok = self.is_ready()
         return _json({"ready": ok}, 200 if ok else 503)
 
     async def _model_meta(self, request: Request) -> Response:
@@ -175,7 +182,7 @@ class ScoringService:
             self._check_model(request)
         except UnknownModel as e:
             return _error(e.status, e.message)
-        ok = self._is_ready()
+        ok = self.is_ready()
         return _json({"name": self.model.name, "ready": ok}, 200 if ok else 503)
 
     async def _metrics(self, request: Request) -> Response:
@@ -206,18 +213,23 @@ class ScoringService:
             status, out, headers = await self._score(body, request.headers.get(HEADER_LENGTH))
         return Response(out, status_code=status, headers=headers)
 
+    async def infer_rows(self, x: np.ndarray) -> np.ndarray:
+        """The one data plane of both protocols: the kernel's input check, then the batcher.
+        ``x`` is float64 [n, F] holding FP32 values; returns this request's own output rows."""
+        await self._ensure_started()
+        try:
+            self.model.validate(x)
+        except (ValueError, TypeError, IndexError) as e:
+            raise InvalidRequest(f"inputs[0].data: {e}") from None
+        return await self.batcher.infer(x, self._timeout_s)
+
     async def _score(self, body: bytes, header_length: str | None, t0: float | None = None) -> tuple[int, bytes, dict[str, str]]:
         """Parses, validates, queues and encodes one infer request: (status, body, headers)."""
         t0 = time.perf_counter() if t0 is None else t0
         model = self.model
         try:
-            await self._ensure_started()
             req = parse_infer(body, header_length, model.input, model.output, self.config.max_batch_size)
-            try:
-                model.validate(req.x)
-            except (ValueError, TypeError, IndexError) as e:
-                raise InvalidRequest(f"inputs[0].data: {e}") from None
-            y = await self.batcher.infer(req.x, self._timeout_s)
+            y = await self.infer_rows(req.x)
             out, headers = encode_infer(model.name, model.version, req, y, model.output)
         except ServeError as e:
             return self._finish(e, t0)

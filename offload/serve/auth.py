@@ -9,9 +9,17 @@ import orjson
 
 from offload.serve.errors import Unauthorized, answer
 
-__all__ = ["BearerAuth"]
+__all__ = ["BearerAuth", "bearer_ok"]
 
 _OPEN_PREFIX = "/v2/health/"
+
+
+def bearer_ok(value: bytes, want: bytes) -> bool:
+    """True when an ``Authorization`` value (HTTP header or gRPC metadata) carries the key ``want``."""
+    # The scheme is case-insensitive (RFC 7235 section 2.1: "bearer" == "Bearer"); the token is
+    # compared in constant time: response timing must not leak how much of the key matched.
+    scheme, _, token = value.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), want)
 
 
 class BearerAuth:
@@ -36,10 +44,7 @@ class BearerAuth:
             if k == b"authorization":
                 got = v
                 break
-        # The scheme is case-insensitive (RFC 7235 section 2.1: "bearer" == "Bearer"); the token is
-        # compared in constant time: response timing must not leak how much of the key matched.
-        scheme, _, token = got.partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), self._want):
+        if bearer_ok(got, self._want):
             await self.app(scope, receive, send)
             return
         err = Unauthorized(f"unauthorized: {'missing Authorization header' if not got else 'invalid API key'}; send 'Authorization: Bearer <key>'")

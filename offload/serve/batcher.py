@@ -5,6 +5,21 @@ waited ``max_queue_delay``; while the device computes, new requests gather for t
 full queue rejects at once (:class:`QueueFull`); a request that times out leaves the queue.
 Every request gets back exactly its own rows: a batch is a concatenation in queue order and is cut
 back at the same offsets.
+
+Waiting without a busy spin. The event loop's timers have whole-millisecond resolution: uvloop's
+``call_later`` computes ``round(delay * 1000)`` ms and turns anything under 0.5 ms into
+``call_soon`` (uvloop/loop.pyx, ``Loop.call_later``, 0.21-0.23), and asyncio's epoll selector rounds
+its timeout up to whole ms. A 100 us wait on such a timer either spins the loop (re-armed timers
+that fire at once, what this batcher did before) or sleeps a whole millisecond, 10x the setting.
+So the batcher never waits on a timer coarser than the configured delay:
+
+- a delay below one timer tick (``_TIMER_TICK_S``, 1 ms) arms no timer at all. When the device is
+  free, the batch is cut as soon as the loop has run once more, so every request the server has
+  already read joins it; requests arriving while the device computes gather for the next batch, as
+  they do under any delay. An idle device never waits for company it could only get by waiting
+  longer than it was told to.
+- a delay of one tick or more waits on a timer to the oldest request's deadline; a remainder of
+  less than a tick when that timer fires is not re-armed (that would spin), the batch goes.
 """
 
 from __future__ import annotations
@@ -21,6 +36,9 @@ from offload.serve.errors import QueueFull, RequestTimeout, ShuttingDown
 from offload.serve.metrics import ServeMetrics
 
 __all__ = ["DynamicBatcher", "QueueFull", "RequestTimeout", "ShuttingDown"]
+
+# The coarsest step of the event loop's timers (uvloop and asyncio's epoll selector alike: whole ms).
+_TIMER_TICK_S = 1e-3
 
 
 @dataclass(eq=False)
@@ -122,6 +140,7 @@ class DynamicBatcher:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
+        timed = self.max_queue_delay_s >= _TIMER_TICK_S
         while True:
             if not self._queue:
                 if self._stopping:
@@ -129,19 +148,28 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            deadline = self._queue[0].enqueued + self.max_queue_delay_s
-            while self._queue and self._rows < self.max_batch_size and not self._stopping:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                # A timer that sets the same event: cheaper than wait_for, which wraps a task per wait.
-                self._wakeup.clear()
-                timer = loop.call_later(left, self._wakeup.set)
-                await self._wakeup.wait()
-                timer.cancel()
+            if timed:
+                await self._fill(loop)
+            elif self.max_queue_delay_s > 0 and self._rows < self.max_batch_size:
+                # One more pass of the loop: requests already read (their tasks are scheduled) queue up.
+                await asyncio.sleep(0)
             batch = self._take()
             if batch:
                 await self._run(loop, batch)
+
+    async def _fill(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Waits until the oldest request's delay is over or the batch is full, on timers of at
+        least one tick: a remainder under a tick is not waited for."""
+        deadline = self._queue[0].enqueued + self.max_queue_delay_s
+        while self._queue and self._rows < self.max_batch_size and not self._stopping:
+            left = deadline - time.perf_counter()
+            if left < _TIMER_TICK_S:
+                return
+            # A timer that sets the same event: cheaper than wait_for, which wraps a task per wait.
+            self._wakeup.clear()
+            timer = loop.call_later(left, self._wakeup.set)
+            await self._wakeup.wait()
+            timer.cancel()
 
     def _take(self) -> list[_Pending]:
         batch: list[_Pending] = []

@@ -18,6 +18,8 @@ class ServeConfig:
     - ``max_batch_size``: rows per device call (also the largest batch one request may carry).
     - ``max_queue_delay_us``: how long the oldest queued request may wait for a fuller batch
       (Triton's ``max_queue_delay_microseconds``); 0 runs whatever is queued as soon as the device is free.
+      A delay under 1 ms (the event loop's timer tick) arms no timer: a free device takes what the
+      server has read by the next pass of the loop (offload/serve/batcher.py says why).
     - ``max_queue_size``: queued requests beyond this get 503 at once instead of an unbounded queue.
     - ``request_timeout_ms``: a request not answered by then gets 504 (and leaves the queue).
     - ``device_timeout_ms``: passed to ``Device.run``; a :class:`DeviceTimeout` counts as a device fault.
@@ -30,6 +32,8 @@ class ServeConfig:
       closes the connection (slowloris).
     - ``max_connections``: open connections before the longest-idle one waiting for a request head
       is closed to admit a new one; ``None`` derives it from the open-file limit.
+    - ``grpc_max_streams``: concurrent streams per gRPC connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS),
+      when a gRPC port is open (``offload serve --grpc-port``).
     - ``drain_timeout_s``: on SIGTERM, how long requests already read may take to be answered.
 
     Every setting is checked here; a bad one raises :class:`ConfigError` naming it and its range.
@@ -54,6 +58,7 @@ class ServeConfig:
     body_timeout_s: float = 30.0
     max_connections: int | None = None
     drain_timeout_s: float = 30.0
+    grpc_max_streams: int = 128
 
     def __post_init__(self) -> None:
         _int("max_batch_size", self.max_batch_size, 1, 65536)
@@ -73,6 +78,7 @@ class ServeConfig:
         if self.max_connections is not None:
             _int("max_connections", self.max_connections, 16, 1_000_000)
         _seconds("drain_timeout_s", self.drain_timeout_s, 3600)
+        _int("grpc_max_streams", self.grpc_max_streams, 1, 65536)
         # Every request already read on SIGTERM is answered (result, 504 or 503) within the grace.
         if self.request_timeout_ms / 1e3 > self.drain_timeout_s:
             raise ConfigError(f"request_timeout_ms={self.request_timeout_ms:g}: must be <= drain_timeout_s ({self.drain_timeout_s:g} s), so a drain answers every request it has read")

@@ -1,14 +1,15 @@
-"""The service's errors and the one table that says how each is answered over HTTP.
+"""The service's errors and the one table that says how each is answered over HTTP and gRPC.
 
-Every class is an :class:`offload.sim.errors.OffloadError`. A route never picks a status itself:
-it raises one of these, and :func:`answer` looks the class up in :data:`HTTP_STATUS`, which also
-gives the ``type`` label of ``offload_errors_total``. (Only the router's own 404/405 for paths and
+Every class is an :class:`offload.sim.errors.OffloadError`. A route or RPC never picks a status
+itself: it raises one of these, and :func:`answer` (HTTP) or :func:`grpc_answer` (gRPC) looks the
+class up in :data:`HTTP_STATUS`, which also gives the ``type`` label of ``offload_errors_total``. (Only the router's own 404/405 for paths and
 methods no route has, and the 500 of an unexpected exception, come from elsewhere.)
 
 Example::
 
     raise InvalidRequest("inputs[0].shape: expected [batch, 16], got [3]")
     status, kind = answer(err)          # (400, "bad_request")
+    code, kind = grpc_answer(err)       # ("INVALID_ARGUMENT", "bad_request")
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "DeviceAbandoned",
     "HTTP_STATUS",
     "answer",
+    "grpc_answer",
 ]
 
 
@@ -116,26 +118,42 @@ class DeviceAbandoned(DeviceTimeout):
     and the device handle were abandoned and a fresh handle is being opened."""
 
 
-# The one place a serve error becomes an HTTP status (and the ``type`` label of offload_errors_total).
-HTTP_STATUS: dict[type[ServeError], tuple[int, str]] = {
-    InvalidRequest: (400, "bad_request"),
-    Unauthorized: (401, "unauthorized"),
-    UnknownModel: (404, "unknown_model"),
-    HeadTimeout: (408, "head_timeout"),
-    BodyTooLarge: (413, "too_large"),
-    UriTooLong: (414, "uri_too_long"),
-    HeadTooLarge: (431, "head_too_large"),
-    BadDeviceOutput: (500, "bad_output"),
-    QueueFull: (503, "queue_full"),
-    ShuttingDown: (503, "shutting_down"),
-    DeviceUnavailable: (503, "device_unavailable"),
-    RequestTimeout: (504, "timeout"),
+# The one place a serve error becomes a status: HTTP status, the ``type`` label of
+# offload_errors_total, and the gRPC status code's name (grpc.StatusCode[name]; kept as a string so
+# this module needs no grpc). gRPC codes follow Triton's and grpc's own choices: a refused message
+# size is RESOURCE_EXHAUSTED (what grpc core answers for max_receive_message_length), an overloaded
+# or draining server UNAVAILABLE (the code clients retry), a missed deadline DEADLINE_EXCEEDED.
+HTTP_STATUS: dict[type[ServeError], tuple[int, str, str]] = {
+    InvalidRequest: (400, "bad_request", "INVALID_ARGUMENT"),
+    Unauthorized: (401, "unauthorized", "UNAUTHENTICATED"),
+    UnknownModel: (404, "unknown_model", "NOT_FOUND"),
+    HeadTimeout: (408, "head_timeout", "DEADLINE_EXCEEDED"),
+    BodyTooLarge: (413, "too_large", "RESOURCE_EXHAUSTED"),
+    UriTooLong: (414, "uri_too_long", "INVALID_ARGUMENT"),
+    HeadTooLarge: (431, "head_too_large", "RESOURCE_EXHAUSTED"),
+    BadDeviceOutput: (500, "bad_output", "INTERNAL"),
+    QueueFull: (503, "queue_full", "UNAVAILABLE"),
+    ShuttingDown: (503, "shutting_down", "UNAVAILABLE"),
+    DeviceUnavailable: (503, "device_unavailable", "UNAVAILABLE"),
+    RequestTimeout: (504, "timeout", "DEADLINE_EXCEEDED"),
 }
+_INTERNAL = (500, "internal", "INTERNAL")
+
+
+def _row(err: ServeError) -> tuple[int, str, str]:
+    for cls in type(err).__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]
+    return _INTERNAL
 
 
 def answer(err: ServeError) -> tuple[int, str]:
     """The HTTP status and error type for ``err`` (its class or nearest listed base)."""
-    for cls in type(err).__mro__:
-        if cls in HTTP_STATUS:
-            return HTTP_STATUS[cls]
-    return 500, "internal"
+    status, kind, _ = _row(err)
+    return status, kind
+
+
+def grpc_answer(err: ServeError) -> tuple[str, str]:
+    """The gRPC status code name and error type for ``err`` (its class or nearest listed base)."""
+    _, kind, code = _row(err)
+    return code, kind

@@ -32,6 +32,7 @@ class ServeMetrics:
         self.batch_size = Histogram("offload_batch_size", "Rows per device call", ["model"], buckets=_BATCH_BUCKETS, registry=r)
         self.requests = Counter("offload_requests", "Inference requests by HTTP status", ["model", "code"], registry=r)
         self.responses = Counter("offload_responses", "Every HTTP response by status, any route (401, 404, 405 and 500 included)", ["code"], registry=r)
+        self.grpc_responses = Counter("offload_grpc_responses", "Every gRPC response by status code (OK, INVALID_ARGUMENT, ...)", ["code"], registry=r)
         self.errors = Counter("offload_errors", "Errors by type", ["type"], registry=r)
         self.fallbacks = Counter("offload_fallbacks", "Batches re-run on the sim device after a device fault", ["model"], registry=r)
         self.device_faults = Counter("offload_device_faults", "Device errors and timeouts", ["device", "type"], registry=r)

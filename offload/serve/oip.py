@@ -16,7 +16,7 @@ import orjson
 
 from offload.serve.errors import InvalidRequest, RequestError
 
-__all__ = ["OipError", "TensorSpec", "InferRequest", "parse_infer", "encode_infer", "HEADER_LENGTH"]
+__all__ = ["OipError", "TensorSpec", "InferRequest", "parse_infer", "encode_infer", "check_shape", "HEADER_LENGTH"]
 
 HEADER_LENGTH = "inference-header-content-length"
 _FP32_MAX = float(np.finfo(np.float32).max)
@@ -80,7 +80,13 @@ def parse_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: Te
         raise InvalidRequest(f"inputs[0].name: unknown input {t.get('name')!r}; the model's input is {inp.name!r}")
     if t.get("datatype") != inp.datatype:
         raise InvalidRequest(f"inputs[0].datatype: {t.get('datatype')!r} is not supported; expected {inp.datatype!r}")
-    shape = t.get("shape")
+    b, f = check_shape(t.get("shape"), inp, max_batch)
+    x = _tensor_data(t, binary, b, f)
+    return InferRequest(x, rid, _wants_binary(req, out))
+
+
+def check_shape(shape: Any, inp: TensorSpec, max_batch: int) -> tuple[int, int]:
+    """``(batch, features)`` of an input shape, the same check for JSON and gRPC requests."""
     if not (isinstance(shape, list) and len(shape) == 2 and all(type(d) is int for d in shape)):
         raise InvalidRequest(f"inputs[0].shape: expected [batch, {inp.width}], got {shape!r}")
     b, f = shape
@@ -88,8 +94,7 @@ def parse_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: Te
         raise InvalidRequest(f"inputs[0].shape: {f} features per row; the model takes {inp.width}")
     if not 1 <= b <= max_batch:
         raise InvalidRequest(f"inputs[0].shape: batch {b} is outside [1, {max_batch}] (max batch size)")
-    x = _tensor_data(t, binary, b, f)
-    return InferRequest(x, rid, _wants_binary(req, out))
+    return b, f
 
 
 def _tensor_data(t: dict, binary: bytes, b: int, f: int) -> np.ndarray:

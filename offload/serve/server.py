@@ -77,20 +77,28 @@ class _DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "warning") -> None:
+def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None, log_level: str = "warning") -> None:
     """Serves ``bundle`` until SIGTERM/SIGINT. Then readiness goes off, the listener closes, and
     every request already read is answered (result, 504 or 503) within ``config.drain_timeout_s``.
+    With ``grpc_port``, the OIP v2 gRPC service listens there too, on the same host, event loop
+    and batcher (offload/serve/oip_grpc.py).
 
     Example::
 
-        serve("risk_bundle", ServeConfig(device="sim"), port=8000)
+        serve("risk_bundle", ServeConfig(device="sim"), port=8000, grpc_port=8001)
     """
 
     check_port(port)
+    if grpc_port is not None:
+        check_port(grpc_port)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not is_loopback(host):
         logging.getLogger("offload.serve").warning("binding %s: the service is reachable from the network%s", host, "" if config.api_key else " WITHOUT an API key")
     svc = ScoringService(load(bundle) if isinstance(bundle, (str, os.PathLike)) else bundle, config)
+    if grpc_port is not None:
+        from offload.serve.oip_grpc import GrpcEndpoint
+
+        svc.grpc = GrpcEndpoint(svc, host, grpc_port)
 
     def count(status: int, error_type: str) -> None:
         svc.count_response(status)
