@@ -28,6 +28,8 @@ def mlp():
 
 
 def test_forward_runs_the_kernel_and_equals_simulate(mlp):
+    # Wiring: the op reaches the device and converts dtypes. The numbers themselves are anchored to
+    # hls4ml in the next test, not to the simulator they come from.
     x = torch.randn(33, 6) * 4
     y = mlp(x)
     assert y.dtype == torch.float32 and y.shape == (33, 2)
@@ -35,6 +37,17 @@ def test_forward_runs_the_kernel_and_equals_simulate(mlp):
     assert np.array_equal(y.numpy(), exact.astype(np.float32))
     y64 = mlp(x.double())
     assert y64.dtype == torch.float64 and np.array_equal(y64.numpy(), exact)
+
+
+@pytest.mark.hls
+@pytest.mark.filterwarnings("ignore")
+def test_forward_equals_hls4ml_csim_of_the_same_module(mlp, tmp_path):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(200, 6, generator=g, dtype=torch.float64) * 4
+    model = mlp.to_hls4ml(tmp_path)
+    model.compile()
+    want = np.asarray(model.predict(np.ascontiguousarray(x.numpy()))).reshape(200, -1)
+    assert np.array_equal(mlp(x).numpy(), want)
 
 
 def test_opcheck_and_compile_fullgraph(mlp):
