@@ -81,7 +81,6 @@ PREFETCH_AHEAD = 16
 
 _threads: contextvars.ContextVar[int] = contextvars.ContextVar("offload_sim_embedding_threads", default=1)
 _parallel_lock = threading.Lock()
-_jit_lock = threading.Lock()
 _jit_total = [0.0]
 
 
@@ -219,15 +218,13 @@ def plan(spec) -> Plan:
 # ---------------------------------------------------------------------------------- the kernels
 
 
-def _build_kernels(nb):
-    """Compile-on-demand numba functions (built once, when numba is present)."""
+# Module-level (not closures): numba's disk cache keys a closure by its pickled cells, which differ
+# in every process, so closures would recompile on every start.
+if numba is not None:
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
     from numba.extending import intrinsic
-
-    njit = nb.njit
-    prange = nb.prange
 
     @intrinsic
     def prefetch_row(typingctx, ary_t, row_t):
@@ -251,7 +248,7 @@ def _build_kernels(nb):
 
         return sig, codegen
 
-    @njit(inline="always")
+    @numba.njit(inline="always")
     def fit(q, p, o):
         ovf = p[o + _C_OVF]
         w = p[o + _C_WIDTH]
@@ -269,7 +266,7 @@ def _build_kernels(nb):
             return np.int64(0) if (q > hi or q < lo) else q
         return min(max(q, lo), hi)
 
-    @njit(inline="always")
+    @numba.njit(inline="always")
     def cast(raw, p, o):
         kind = p[o + _C_KIND]
         s = p[o + _C_SHIFT]
@@ -299,7 +296,7 @@ def _build_kernels(nb):
             up = rem > half or (rem == half and (fl & 1) != 0)
         return fit(fl + np.int64(up), p, o)
 
-    @njit(inline="always")
+    @numba.njit(inline="always")
     def finish(v, n, p, out, b, col, d):
         if p[_P_MODE] == 1:  # mean: round half away from zero, 0 for an empty bag
             if n == 0:
@@ -309,7 +306,7 @@ def _build_kernels(nb):
                 v = -q if v < 0 else q
         out[b, col + d] = cast(v, p, _P_OUT)
 
-    @njit(nogil=True, cache=True)
+    @numba.njit(nogil=True, cache=True)
     def bags_plain(table, idx, off, t0, b0, b1, p, acc, out, col):
         """Unweighted sum/mean, exact terms, no overflow possible: acc += row, shift at the end."""
         dim = table.shape[1]
@@ -335,7 +332,7 @@ def _build_kernels(nb):
             for d in range(dim):
                 finish(np.int64(acc[d]) << sh, n, p, out, b, col, d)
 
-    @njit(nogil=True, cache=True)
+    @numba.njit(nogil=True, cache=True)
     def bags_general(table, params, rowwise, idx, off, w, weighted, t0, b0, b1, p, acc, out, col):
         """Every other case: per-element term cast, per-step accumulator fit, max."""
         dim = table.shape[1]
@@ -378,32 +375,18 @@ def _build_kernels(nb):
             for d in range(dim):
                 finish(acc[d], n, p, out, b, col, d)
 
-    @njit(nogil=True, cache=True, parallel=True)
+    @numba.njit(nogil=True, cache=True, parallel=True)
     def par_plain(table, idx, off, t0, nb_, p, scratch, out, col):
         nc = scratch.shape[0]
-        for c in prange(nc):
+        for c in numba.prange(nc):
             bags_plain(table, idx, off, t0, c * nb_ // nc, (c + 1) * nb_ // nc, p, scratch[c], out, col)
 
-    @njit(nogil=True, cache=True, parallel=True)
+    @numba.njit(nogil=True, cache=True, parallel=True)
     def par_general(table, params, rowwise, idx, off, w, weighted, t0, nb_, p, scratch, out, col):
         nc = scratch.shape[0]
-        for c in prange(nc):
+        for c in numba.prange(nc):
             bags_general(table, params, rowwise, idx, off, w, weighted, t0, c * nb_ // nc, (c + 1) * nb_ // nc,
                          p, scratch[c], out, col)
-
-    return bags_plain, bags_general, par_plain, par_general
-
-
-_kernels = None
-
-
-def _get_kernels():
-    global _kernels
-    if _kernels is None:
-        with _jit_lock:
-            if _kernels is None:
-                _kernels = _build_kernels(_NUMBA)
-    return _kernels
 
 
 # ------------------------------------------------------------------------------------------- run
@@ -412,8 +395,7 @@ _EMPTY_PARAMS = np.zeros((0, 2), dtype=np.int64)
 _EMPTY_W = np.zeros(0, dtype=np.int64)
 
 
-def _call_table(k, tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, threads, parallel):
-    bags_plain, bags_general, par_plain, par_general = k
+def _call_table(tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, threads, parallel):
     dim = table.shape[1]
     nc = min(threads * 4, B) if parallel else 1
     if tp.plain and w is None:
@@ -449,7 +431,6 @@ def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndar
             warnings.warn("offload.sim.embedding_fused: numba is not installed; using the NumPy reference "
                           "(slower, same results)", RuntimeWarning, stacklevel=2)
         return reference(spec, tensors, inputs)
-    k = _get_kernels()
     idx = inputs["indices"]
     off = inputs["offsets"]
     if off.dtype != np.int64:
@@ -471,7 +452,7 @@ def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndar
         try:
             col = 0
             for t, ts in enumerate(spec.tables):
-                _call_table(k, p.tables[t], tensors[f"table{t}"], tensors.get(f"params{t}"), idx, off, w, t * B, B,
+                _call_table(p.tables[t], tensors[f"table{t}"], tensors.get(f"params{t}"), idx, off, w, t * B, B,
                             out, col, threads, parallel)
                 col += ts.dim
         finally:
