@@ -70,9 +70,9 @@ class SimDevice:
         self._check_open()
         k = self._get(handle)
         kind = get_kind(k.kind)
+        if k.kind == "embedding":  # validates as it runs (kind.validate raises on any failure)
+            return embedding_fused.run(embedding_fused.plan(k.spec), k.tensors, inputs, kind.reference, kind.validate)
         kind.validate(k.spec, k.tensors, inputs)
-        if k.kind == "embedding":
-            return embedding_fused.run(embedding_fused.plan(k.spec), k.tensors, inputs, kind.reference)
         return kind.reference(k.spec, k.tensors, inputs)
 
     def submit(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:

@@ -45,6 +45,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from offload.sim.embedding import MODES, product_type
+from offload.sim.errors import InputError
 from offload.sim.fixed import FixedType
 
 try:  # a core dependency; missing only in a broken install, where the NumPy reference still works
@@ -66,10 +67,10 @@ _EXACT, _FIT, _RSHIFT, _LSHIFT = 0, 1, 2, 3
 # Layout of one cast's parameter block in the int64 parameter vector.
 _C_KIND, _C_SHIFT, _C_ROUND, _C_OVF, _C_WIDTH, _C_SIGNED, _C_LO, _C_HI = range(8)
 _CAST_LEN = 8
-# Parameter vector: [mode, pad, plain shift, fit acc per step, prefetch distance, acc fit block,
+# Parameter vector: [mode, pad, plain shift, fit acc per step, prefetch distance, weight range, acc fit block,
 # term cast block, out cast block]
-_P_MODE, _P_PAD, _P_SHIFT, _P_FITACC, _P_AHEAD = range(5)
-_P_ACC = 5
+_P_MODE, _P_PAD, _P_SHIFT, _P_FITACC, _P_AHEAD, _P_WLO, _P_WHI = range(7)
+_P_ACC = 7
 _P_TERM = _P_ACC + _CAST_LEN
 _P_OUT = _P_TERM + _CAST_LEN
 _P_LEN = _P_OUT + _CAST_LEN
@@ -187,9 +188,12 @@ def _table_params(spec, t: int, weighted: bool) -> tuple[np.ndarray, bool, bool]
     p[_P_PAD] = -1 if ts.padding_idx is None else ts.padding_idx
     p[_P_FITACC] = int(fit_acc)
     p[_P_AHEAD] = PREFETCH_AHEAD
+    p[_P_WLO], p[_P_WHI] = spec.weight_type.min_raw, spec.weight_type.max_raw
     p[_P_ACC:_P_ACC + _CAST_LEN] = _cast_params(acc, acc, exact_ok=False)  # acc_t(acc + t): shift 0, fit
     p[_P_TERM:_P_TERM + _CAST_LEN] = term
-    p[_P_OUT:_P_OUT + _CAST_LEN] = _cast_params(out_t, acc, exact_ok=False)
+    # Pooled values always lie in acc_t's range (no-overflow proof, saturation, or a single term), so
+    # an output cast that maps that whole range exactly is a plain shift.
+    p[_P_OUT:_P_OUT + _CAST_LEN] = _cast_params(out_t, acc, exact_ok=True)
     plain = bool(not weighted and not ts.rowwise and spec.mode != "max" and not fit_acc and term[_C_KIND] == _EXACT)
     p[_P_SHIFT] = term[_C_SHIFT] if plain else 0
     acc32 = plain and spec.max_bag_size * max(-vt.min_raw, vt.max_raw, 1) < 2**31
@@ -297,19 +301,33 @@ if numba is not None:
         return fit(fl + np.int64(up), p, o)
 
     @numba.njit(inline="always")
-    def finish(v, n, p, out, b, col, d):
-        if p[_P_MODE] == 1:  # mean: round half away from zero, 0 for an empty bag
-            if n == 0:
-                v = np.int64(0)
-            else:
-                q = (2 * abs(v) + n) // (2 * n)
-                v = -q if v < 0 else q
-        out[b, col + d] = cast(v, p, _P_OUT)
+    def finish(acc, sh, n, p, out, b, col):
+        """Row ``b`` of ``out`` from the bag's accumulators (times 2^sh): mean's rounded division,
+        then the output cast. Branches sit outside the element loops so the common cases vectorise."""
+        dim = acc.shape[0]
+        row = out[b]
+        mean = p[_P_MODE] == 1
+        if p[_P_OUT + _C_KIND] == _EXACT and not mean:
+            s = sh + p[_P_OUT + _C_SHIFT]
+            for d in range(dim):
+                row[col + d] = np.int64(acc[d]) << s
+            return
+        for d in range(dim):
+            v = np.int64(acc[d]) << sh
+            if mean:  # round half away from zero, 0 for an empty bag
+                if n == 0:
+                    v = np.int64(0)
+                else:
+                    q = (2 * abs(v) + n) // (2 * n)
+                    v = -q if v < 0 else q
+            row[col + d] = cast(v, p, _P_OUT)
 
     @numba.njit(nogil=True, cache=True)
     def bags_plain(table, idx, off, t0, b0, b1, p, acc, out, col):
-        """Unweighted sum/mean, exact terms, no overflow possible: acc += row, shift at the end."""
+        """Unweighted sum/mean, exact terms, no overflow possible: acc += row, shift at the end.
+        Returns 1 at the first index outside the table (nothing read there), else 0."""
         dim = table.shape[1]
+        nrows = table.shape[0]
         pad = p[_P_PAD]
         sh = p[_P_SHIFT]
         ahead = p[_P_AHEAD]
@@ -324,18 +342,24 @@ if numba is not None:
                 if ahead and j + ahead < lim:
                     prefetch_row(table, idx[j + ahead])
                 r = idx[j]
+                if r < 0 or r >= nrows:
+                    return 1
                 if r == pad:
                     continue
                 n += 1
                 for d in range(dim):
                     acc[d] += table[r, d]
-            for d in range(dim):
-                finish(np.int64(acc[d]) << sh, n, p, out, b, col, d)
+            finish(acc, sh, n, p, out, b, col)
+        return 0
 
     @numba.njit(nogil=True, cache=True)
     def bags_general(table, params, rowwise, idx, off, w, weighted, t0, b0, b1, p, acc, out, col):
-        """Every other case: per-element term cast, per-step accumulator fit, max."""
+        """Every other case: per-element term cast, per-step accumulator fit, max. Returns 1 at the
+        first index outside the table or weight outside weight_type (nothing read there), else 0."""
         dim = table.shape[1]
+        nrows = table.shape[0]
+        wlo = p[_P_WLO]
+        whi = p[_P_WHI]
         pad = p[_P_PAD]
         mode = p[_P_MODE]
         fitacc = p[_P_FITACC]
@@ -353,9 +377,13 @@ if numba is not None:
                 if ahead and j + ahead < lim:
                     prefetch_row(table, idx[j + ahead])
                 r = idx[j]
+                if r < 0 or r >= nrows:
+                    return 1
+                wj = np.int64(w[j]) if weighted else np.int64(1)
+                if wj < wlo or wj > whi:
+                    return 1
                 if r == pad:
                     continue
-                wj = np.int64(w[j]) if weighted else np.int64(1)
                 sc = np.int64(params[r, 0]) if rowwise else np.int64(1)
                 bi = np.int64(params[r, 1]) if rowwise else np.int64(0)
                 if exact and mode != 2 and not fitacc:
@@ -372,21 +400,36 @@ if numba is not None:
                         else:
                             acc[d] += t
                 n += 1
-            for d in range(dim):
-                finish(acc[d], n, p, out, b, col, d)
+            finish(acc, 0, n, p, out, b, col)
+        return 0
 
     @numba.njit(nogil=True, cache=True, parallel=True)
     def par_plain(table, idx, off, t0, nb_, p, scratch, out, col):
         nc = scratch.shape[0]
+        bad = 0
         for c in numba.prange(nc):
-            bags_plain(table, idx, off, t0, c * nb_ // nc, (c + 1) * nb_ // nc, p, scratch[c], out, col)
+            bad += bags_plain(table, idx, off, t0, c * nb_ // nc, (c + 1) * nb_ // nc, p, scratch[c], out, col)
+        return bad
 
     @numba.njit(nogil=True, cache=True, parallel=True)
     def par_general(table, params, rowwise, idx, off, w, weighted, t0, nb_, p, scratch, out, col):
         nc = scratch.shape[0]
+        bad = 0
         for c in numba.prange(nc):
-            bags_general(table, params, rowwise, idx, off, w, weighted, t0, c * nb_ // nc, (c + 1) * nb_ // nc,
+            bad += bags_general(table, params, rowwise, idx, off, w, weighted, t0, c * nb_ // nc, (c + 1) * nb_ // nc,
                          p, scratch[c], out, col)
+        return bad
+
+    @numba.njit(nogil=True, cache=True)
+    def offsets_ok(off, n, max_bag):
+        """``validate()``'s offsets rules: start 0, never decrease, bags <= max_bag, end at n."""
+        if off[0] != 0 or off[off.shape[0] - 1] != n:
+            return False
+        for i in range(off.shape[0] - 1):
+            d = off[i + 1] - off[i]
+            if d < 0 or d > max_bag:
+                return False
+        return True
 
 
 # ------------------------------------------------------------------------------------------- run
@@ -401,10 +444,8 @@ def _call_table(tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, thr
     if tp.plain and w is None:
         scratch = np.empty((nc, dim), dtype=np.int32 if tp.acc32 else np.int64)
         if parallel:
-            par_plain(table, idx, off, t0, B, tp.params, scratch, out, col)
-        else:
-            bags_plain(table, idx, off, t0, 0, B, tp.params, scratch[0], out, col)
-        return
+            return par_plain(table, idx, off, t0, B, tp.params, scratch, out, col)
+        return bags_plain(table, idx, off, t0, 0, B, tp.params, scratch[0], out, col)
     weighted = w is not None
     p = tp.params_w if weighted else tp.params
     rowwise = params is not None
@@ -412,24 +453,52 @@ def _call_table(tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, thr
     w = w if weighted else _EMPTY_W
     scratch = np.empty((nc, dim), dtype=np.int64)
     if parallel:
-        par_general(table, params, rowwise, idx, off, w, weighted, t0, B, p, scratch, out, col)
-    else:
-        bags_general(table, params, rowwise, idx, off, w, weighted, t0, 0, B, p, scratch[0], out, col)
+        return par_general(table, params, rowwise, idx, off, w, weighted, t0, B, p, scratch, out, col)
+    return bags_general(table, params, rowwise, idx, off, w, weighted, t0, 0, B, p, scratch[0], out, col)
 
 
-def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], reference=None) -> dict[str, np.ndarray]:
-    """``{"out": raw out_type int64, B x total_dim}`` for validated ``inputs``; equal to the
-    reference bit for bit. ``reference(spec, tensors, inputs)`` serves specs the plan does not
-    cover and runs when numba is missing (with a one-time warning)."""
+_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+# Weight dtypes whose conversion to int64 keeps every value (uint64 could wrap past the range check).
+_WEIGHT_DTYPES = tuple(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32))
+
+
+def _shape_ok(spec, inputs: Mapping[str, np.ndarray]) -> bool:
+    """The cheap part of ``validate()`` (types, dtypes, ranks, lengths); the data rules run in the kernels."""
+    idx = inputs.get("indices")
+    off = inputs.get("offsets")
+    if type(idx) is not np.ndarray or type(off) is not np.ndarray:
+        return False
+    if idx.dtype not in _INDEX_DTYPES or off.dtype not in _INDEX_DTYPES or idx.ndim != 1 or off.ndim != 1:
+        return False
+    if off.shape[0] < 1 or (off.shape[0] - 1) % spec.num_tables:
+        return False
+    w = inputs.get("per_sample_weights")
+    if w is not None:
+        if spec.mode != "sum" or type(w) is not np.ndarray or w.dtype not in _WEIGHT_DTYPES or w.shape != idx.shape:
+            return False
+    return True
+
+
+def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], reference=None,
+        validate=None) -> dict[str, np.ndarray]:
+    """``{"out": raw out_type int64, B x total_dim}``, equal to ``reference(spec, tensors, inputs)``
+    bit for bit. ``reference`` serves specs the plan does not cover and runs when numba is missing
+    (with a one-time warning).
+
+    Without ``validate``, ``inputs`` must have passed the kind's ``validate()``. With it, the checks
+    run here: the cheap ones in Python, the per-element ones (offsets, index and weight ranges) in
+    the compiled loops, before any table read they guard; on any failure ``validate(spec, tensors,
+    inputs)`` runs and raises its error (so messages and types are the kind's own).
+    """
     spec = p.spec
-    if not p.supported:
-        return reference(spec, tensors, inputs)
-    if _NUMBA is None:
-        global _warned
-        if not _warned:
-            _warned = True
-            warnings.warn("offload.sim.embedding_fused: numba is not installed; using the NumPy reference "
-                          "(slower, same results)", RuntimeWarning, stacklevel=2)
+    if validate is not None and not _shape_ok(spec, inputs):
+        validate(spec, tensors, inputs)
+        validate = None  # validate() accepted what the cheap check refused: proceed as validated
+    if not p.supported or _NUMBA is None:
+        if _NUMBA is None:
+            _warn_once()
+        if validate is not None:
+            validate(spec, tensors, inputs)
         return reference(spec, tensors, inputs)
     idx = inputs["indices"]
     off = inputs["offsets"]
@@ -438,6 +507,9 @@ def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndar
     w = inputs.get("per_sample_weights")
     if w is not None and w.dtype != np.int64:
         w = w.astype(np.int64)
+    if validate is not None and not offsets_ok(off, idx.shape[0], spec.max_bag_size):
+        validate(spec, tensors, inputs)
+        return reference(spec, tensors, inputs)  # unreachable unless the two checks disagree
     T = spec.num_tables
     B = (off.shape[0] - 1) // T
     out = np.empty((B, spec.total_dim), dtype=np.int64)
@@ -445,6 +517,7 @@ def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndar
         return {"out": out}
     threads = _threads.get()
     parallel = threads > 1 and B > 1 and _parallel_lock.acquire(blocking=False)
+    bad = 0
     try:
         if parallel:
             prev = _NUMBA.get_num_threads()
@@ -452,8 +525,8 @@ def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndar
         try:
             col = 0
             for t, ts in enumerate(spec.tables):
-                _call_table(p.tables[t], tensors[f"table{t}"], tensors.get(f"params{t}"), idx, off, w, t * B, B,
-                            out, col, threads, parallel)
+                bad += _call_table(p.tables[t], tensors[f"table{t}"], tensors.get(f"params{t}"), idx, off, w, t * B, B,
+                                   out, col, threads, parallel)
                 col += ts.dim
         finally:
             if parallel:
@@ -461,7 +534,19 @@ def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndar
     finally:
         if parallel:
             _parallel_lock.release()
+    if bad:
+        if validate is not None:
+            validate(spec, tensors, inputs)
+        raise InputError("inputs: an index outside its table or a weight outside weight_type (call validate() first)")
     return {"out": out}
+
+
+def _warn_once() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn("offload.sim.embedding_fused: numba is not installed; using the NumPy reference "
+                      "(slower, same results)", RuntimeWarning, stacklevel=3)
 
 
 def warm_up(spec, tensors: Mapping[str, np.ndarray]) -> float:
@@ -481,6 +566,7 @@ def warm_up(spec, tensors: Mapping[str, np.ndarray]) -> float:
                     inputs["per_sample_weights"] = np.zeros(0, dtype=np.int64)
                 with using_threads(threads):
                     run(p, tensors, inputs)
+    offsets_ok(np.zeros(1, dtype=np.int64), 0, 1)
     dt = time.perf_counter() - t0
     _jit_total[0] += dt
     return dt

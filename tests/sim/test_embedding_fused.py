@@ -188,3 +188,40 @@ def test_parallel_calls_from_two_threads_agree():
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(one, cases * 3))
     assert all(np.array_equal(o, r) for o, r in zip(outs, refs * 3))
+
+
+def test_device_checks_in_the_kernels_raise_validates_errors():
+    """The sim device checks indices, weights and offsets inside the fused loops; every corrupted
+    call must still raise exactly validate()'s error (type and message), wherever the bad element
+    sits (padding entries and the last table included)."""
+    spec = SPECS["fixed-sum"]()  # table a has padding_idx 7
+    rng = np.random.default_rng(4)
+    k = make_kernel("k", spec, random_tables(rng, spec))
+    dev = SimDevice()
+    h = dev.load(k)
+    wt = spec.weight_type
+    for trial in range(60):
+        inputs = make_case(rng, spec, 6, spec.max_bag_size, weighted=trial % 2 == 1, pad_frac=0.3)
+        n = inputs["indices"].shape[0]
+        what = trial % 6
+        if what == 0 and n:
+            inputs["indices"][rng.integers(n)] = rng.choice([-1, 9, 50, 10**6])
+        elif what == 1 and n and "per_sample_weights" in inputs:
+            inputs["per_sample_weights"][rng.integers(n)] = rng.choice([wt.min_raw - 1, wt.max_raw + 1])
+        elif what == 2:
+            inputs["offsets"][rng.integers(1, len(inputs["offsets"]))] += rng.choice([-13, 13])
+        elif what == 3:
+            inputs["offsets"][0] = 1
+        elif what == 4:
+            inputs["indices"] = inputs["indices"][:-1] if n else np.array([0])
+        else:
+            inputs["offsets"] = inputs["offsets"][:-1]
+        try:
+            KIND.validate(spec, k.tensors, inputs)
+        except (ValueError, IndexError, TypeError) as e:
+            with pytest.raises(type(e)) as got:
+                dev.run(h, inputs)
+            assert str(got.value) == str(e)
+        else:
+            assert np.array_equal(dev.run(h, inputs)["out"], KIND.reference(spec, k.tensors, inputs)["out"])
+    dev.close()
