@@ -20,7 +20,9 @@ round-half-away mean, output cast), not of its fast paths.
 Threads: single-threaded unless the caller says otherwise with :func:`using_threads` (the torch op
 passes ``torch.get_num_threads()``). Only one parallel launch runs at a time (numba's default
 ``workqueue`` threading layer aborts the process on concurrent launches); a second concurrent call
-runs serially instead of waiting.
+runs serially instead of waiting. Numba picks its threading layer at the first parallel compile
+(here GNU OpenMP, ``omp``, where libgomp is present): a process that forks after loading a kernel
+should start its children with ``spawn``, as GNU OpenMP is not fork-safe once its pool exists.
 
 JIT: :func:`warm_up` compiles (or loads from the on-disk cache) every variant a spec needs and
 returns the seconds spent; the sim device calls it at ``load()`` so no request pays for it.
@@ -501,6 +503,8 @@ def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndar
             validate(spec, tensors, inputs)
         return reference(spec, tensors, inputs)
     idx = inputs["indices"]
+    if not (idx.flags.c_contiguous and idx.dtype.isnative):  # else a new variant would compile mid-request
+        idx = np.ascontiguousarray(idx, dtype=idx.dtype.newbyteorder("="))
     off = inputs["offsets"]
     if off.dtype != np.int64:
         off = off.astype(np.int64)

@@ -225,3 +225,18 @@ def test_device_checks_in_the_kernels_raise_validates_errors():
         else:
             assert np.array_equal(dev.run(h, inputs)["out"], KIND.reference(spec, k.tensors, inputs)["out"])
     dev.close()
+
+
+def test_strided_and_byte_swapped_indices():
+    spec = SPECS["fixed-sum"]()
+    rng = np.random.default_rng(8)
+    k = make_kernel("k", spec, random_tables(rng, spec))
+    inputs = make_case(rng, spec, 20, spec.max_bag_size, pad_frac=0.2)
+    ref = KIND.reference(spec, k.tensors, inputs)["out"]
+    strided = np.repeat(inputs["indices"], 2)[::2]
+    swapped = inputs["indices"].astype(">i8")
+    dev = SimDevice()
+    h = dev.load(k)
+    for idx in (strided, swapped):
+        assert np.array_equal(dev.run(h, {"indices": idx, "offsets": inputs["offsets"]})["out"], ref)
+    dev.close()
