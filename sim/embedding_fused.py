@@ -481,6 +481,12 @@ def _shape_ok(spec, inputs: Mapping[str, np.ndarray]) -> bool:
     return True
 
 
+# Below this many gathered elements (lookups x dim) a call runs serially even with threads: a
+# parallel launch costs more than it saves (measured: 64 x 20 x 64 ran 0.98x torch on 2 threads
+# in parallel against 1.17x torch on 1 thread serially). Like torch's parallel_for grain size.
+PARALLEL_MIN = 1 << 17
+
+
 def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], reference=None,
         validate=None) -> dict[str, np.ndarray]:
     """``{"out": raw out_type int64, B x total_dim}``, equal to ``reference(spec, tensors, inputs)``
@@ -492,6 +498,10 @@ def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndar
     the compiled loops, before any table read they guard; on any failure ``validate(spec, tensors,
     inputs)`` runs and raises its error (so messages and types are the kind's own).
     """
+    return _run(p, tensors, inputs, reference, validate, PARALLEL_MIN)
+
+
+def _run(p: Plan, tensors, inputs, reference, validate, parallel_min: int) -> dict[str, np.ndarray]:
     spec = p.spec
     if validate is not None and not _shape_ok(spec, inputs):
         validate(spec, tensors, inputs)
@@ -520,7 +530,8 @@ def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndar
     if B == 0:
         return {"out": out}
     threads = _threads.get()
-    parallel = threads > 1 and B > 1 and _parallel_lock.acquire(blocking=False)
+    parallel = (threads > 1 and B > 1 and idx.shape[0] * spec.total_dim >= parallel_min
+                and _parallel_lock.acquire(blocking=False))
     bad = 0
     try:
         if parallel:
@@ -569,7 +580,7 @@ def warm_up(spec, tensors: Mapping[str, np.ndarray]) -> float:
                 if weighted:
                     inputs["per_sample_weights"] = np.zeros(0, dtype=np.int64)
                 with using_threads(threads):
-                    run(p, tensors, inputs)
+                    _run(p, tensors, inputs, None, None, 0)
     offsets_ok(np.zeros(1, dtype=np.int64), 0, 1)
     dt = time.perf_counter() - t0
     _jit_total[0] += dt

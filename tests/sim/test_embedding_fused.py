@@ -17,6 +17,12 @@ from _embedding_harness import SPECS, make_case, random_tables
 KIND = get_kind("embedding")
 
 
+@pytest.fixture(autouse=True)
+def _parallel_even_for_small_calls(monkeypatch):
+    """The cases here are small; make threads > 1 really take the parallel kernels."""
+    monkeypatch.setattr(F, "PARALLEL_MIN", 0)
+
+
 def _check(spec, tensors, inputs, threads=(1, 2)):
     KIND.validate(spec, tensors, inputs)
     ref = KIND.reference(spec, tensors, inputs)["out"]
