@@ -1,49 +1,65 @@
 """Embedding lookup throughput of the bit-exact simulator against torch and a NumPy gather.
 
 For batch sizes 1, 64, 4096 and bag sizes 1, 20, 100 (sum pooling, fixed-length bags, one table
-of ``--rows`` x ``--dim``) it times, in one process on the same CPU:
+of ``--rows`` x ``--dim``), at each of ``--threads`` (default 1 and 2), it times in one process on
+the same CPU and the same data, interleaved round by round (best of ``--rounds``, each round
+``bench/_timing.py``'s best of 5):
 
-- ``torch``: ``torch.nn.EmbeddingBag`` in float32 (the baseline of every ratio);
-- ``sim-op``: ``offload.nn.EmbeddingBag`` on the sim device (torch op -> device -> reference);
-- ``sim-ref``: the raw reference function ``get_kind("embedding").reference`` on NumPy arrays;
-- ``gather``: ``np.take(table_raw, indices, axis=0)``, the same bytes the format stores, into a fresh
-  array as the reference's own gather does (page faults included: the ceiling for the reference);
-- ``gather-buf``: the same ``np.take`` into a reused buffer (no allocation: the memory ceiling of any
-  NumPy code that materialises the gathered rows);
+- ``torch``: ``torch.nn.EmbeddingBag`` in float32 (the baseline of every ratio), on n threads;
+- ``sim-fused``: the fused compiled kernels (:func:`offload.sim.embedding_fused.run`) on aligned
+  resident tables, n threads, raw fixed-point output (what the sim device runs after validation);
+- ``sim-dev``: ``SimDevice.run`` (input validation + fused kernels), single-threaded;
+- ``sim-op``: ``offload.nn.EmbeddingBag`` on the sim device (torch op -> validation -> fused -> float32),
+  following torch's thread count;
+- with ``--peers``: ``sim-ref``, the NumPy reference (the oracle), and ``gather``, ``np.take`` of the
+  same stored bytes into a fresh array;
 
-and prints lookups/s, effective bytes/s (lookups x dim x stored bytes per element) and the
-ratio to torch. Then the per-call dispatch overhead of the op registration: ``torch.library``
+and prints lookups/s and the ratio to torch. ``--prefetch 0`` turns the kernels' row prefetch off
+(to measure what it buys). Then the per-call dispatch overhead of the op registration: ``torch.library``
 Library+impl (what offload uses) against ``torch.library.custom_op`` and a direct Python call.
 
-Usage (OPENBLAS_NUM_THREADS=1: the simulator's float BLAS sums on one thread, like torch's)::
+Usage (OPENBLAS_NUM_THREADS=1: the reference's float BLAS sums on one thread, like torch's)::
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_embedding.py --threads 1 [--rows 100000] [--dim 64] [--fmt ...]
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_embedding.py [--threads 1,2] [--rows 100000] [--dim 64] [--fmt ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 
 import numpy as np
 import torch
 
 import offload
+from offload.host.sim import SimDevice
 from offload.kernels import get_kind
-from offload.kernels.embedding import ROWWISE
+from offload.sim import embedding_fused as fused
 from _timing import best_seconds  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
-_best = best_seconds
+def _interleaved(fns: dict, rounds: int) -> dict[str, float]:
+    """Best seconds per call of each function, timed round-robin so load changes hit all alike."""
+    best = {k: float("inf") for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            best[k] = min(best[k], best_seconds(fn, min_time=0.05, repeats=3))
+    return best
 
 
-def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, seed: int = 0, ragged: bool = False) -> list[dict]:
+def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, threads, rounds: int, peers: bool,
+                     seed: int = 0, ragged: bool = False) -> list[dict]:
     torch.manual_seed(seed)
     tbag = torch.nn.EmbeddingBag(rows, dim, mode="sum")
     m = offload.nn.EmbeddingBag.from_float(tbag, fmt=fmt, max_bag_size=2 * max(bags), device="sim")
     kernel = m.offload_kernels()[0]
     kind = get_kind("embedding")
+    dev = SimDevice()
+    h = dev.load(kernel)  # aligned resident copy, JIT warmed
+    aligned = {k: fused.aligned_copy(v) for k, v in kernel.tensors.items()}
+    plan = fused.plan(kernel.spec)
     table = kernel.tensors["table0"]
-    elem_bytes = table.dtype.itemsize + (2 * kernel.tensors["params0"].dtype.itemsize / dim if fmt == ROWWISE else 0)
     rng = np.random.default_rng(seed)
     out = []
     for B in batches:
@@ -56,19 +72,27 @@ def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, seed: int = 0
             idx_np = rng.integers(0, rows, int(off_np[-1])).astype(np.int64)
             idx, off = torch.from_numpy(idx_np), torch.from_numpy(off_np[:-1])
             inputs = {"indices": idx_np, "offsets": off_np}
-            with torch.no_grad():
-                t_torch = _best(lambda: tbag(idx, off))
-            t_op = _best(lambda: m(idx, off))
-            t_ref = _best(lambda: kind.reference(kernel.spec, kernel.tensors, inputs))
-            t_gather = _best(lambda: np.take(table, idx_np, axis=0))
-            buf = np.empty((idx_np.shape[0], dim), dtype=table.dtype)
-            # mode="clip": with the default "raise" np.take copies into a temporary before `out`.
-            t_gbuf = _best(lambda: np.take(table, idx_np, axis=0, out=buf, mode="clip"))
             n = int(off_np[-1])
-            for name, t, eb in (("torch", t_torch, 4), ("sim-op", t_op, elem_bytes), ("sim-ref", t_ref, elem_bytes),
-                                ("gather", t_gather, elem_bytes), ("gather-buf", t_gbuf, elem_bytes)):
-                out.append({"batch": B, "bag": f"0..{2 * L}" if ragged else L, "impl": name, "lookups_s": n / t,
-                            "bytes_s": n * dim * eb / t, "vs_torch": t_torch / t, "vs_gather": t_gather / t})
+            for th in threads:
+                torch.set_num_threads(th)
+
+                def fused_call():
+                    with fused.using_threads(th):
+                        return fused.run(plan, aligned, inputs)
+
+                def torch_call():
+                    with torch.no_grad():
+                        return tbag(idx, off)
+
+                fns = {"torch": torch_call, "sim-fused": fused_call, "sim-dev": lambda: dev.run(h, inputs), "sim-op": lambda: m(idx, off)}
+                if peers:
+                    fns["sim-ref"] = lambda: kind.reference(kernel.spec, kernel.tensors, inputs)
+                    fns["gather"] = lambda: np.take(table, idx_np, axis=0)
+                t = _interleaved(fns, rounds)
+                for name, sec in t.items():
+                    out.append({"threads": th, "batch": B, "bag": f"0..{2 * L}" if ragged else L, "impl": name,
+                                "lookups_s": n / sec, "vs_torch": t["torch"] / sec})
+    dev.close()
     return out
 
 
@@ -89,9 +113,9 @@ def bench_dispatch() -> dict[str, float]:
 
     i, o = torch.zeros(4, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
     return {
-        "direct": _best(lambda: body(1, i, o, None, torch.float32)),
-        "library_impl": _best(lambda: torch.ops.offload_bench.lib_op(1, i, o, None, torch.float32)),
-        "custom_op": _best(lambda: torch.ops.offload_bench.custom_op(1, i, o, None, torch.float32)),
+        "direct": best_seconds(lambda: body(1, i, o, None, torch.float32)),
+        "library_impl": best_seconds(lambda: torch.ops.offload_bench.lib_op(1, i, o, None, torch.float32)),
+        "custom_op": best_seconds(lambda: torch.ops.offload_bench.custom_op(1, i, o, None, torch.float32)),
     }
 
 
@@ -102,21 +126,31 @@ def main() -> None:
     ap.add_argument("--fmt", default="ap_fixed<16,6,AP_RND_CONV,AP_SAT>")
     ap.add_argument("--batches", default="1,64,4096")
     ap.add_argument("--bags", default="1,20,100")
-    ap.add_argument("--ragged-batch", type=int, default=4096, help="also time ragged bags (lengths 0..2L) at this batch; 0: skip")
-    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave torch's default)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (torch and the fused kernels alike)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each impl's best counts")
+    ap.add_argument("--ragged-batch", type=int, default=0, help="also time ragged bags (lengths 0..2L) at this batch; 0: skip")
+    ap.add_argument("--prefetch", type=int, default=fused.PREFETCH_AHEAD, help="rows the fused kernels prefetch ahead (0: off)")
+    ap.add_argument("--peers", action="store_true", help="also time the NumPy reference and np.take")
     a = ap.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    fused.PREFETCH_AHEAD = a.prefetch
     batches = [int(x) for x in a.batches.split(",")]
     bags = [int(x) for x in a.bags.split(",")]
-    print(f"# rows={a.rows} dim={a.dim} fmt={a.fmt} torch threads={torch.get_num_threads()}")
-    print("| batch | bag | impl | lookups/s | bytes/s | x torch f32 | x gather |")
-    print("|---:|---:|---|---:|---:|---:|---:|")
-    rows = bench_throughput(a.rows, a.dim, a.fmt, batches, bags)
+    threads = [int(x) for x in a.threads.split(",")]
+    print(f"# rows={a.rows} dim={a.dim} fmt={a.fmt} threads={threads} prefetch={a.prefetch} "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')} load={os.getloadavg()[0]:.2f} "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+    rows = bench_throughput(a.rows, a.dim, a.fmt, batches, bags, threads, a.rounds, a.peers)
     if a.ragged_batch:
-        rows += bench_throughput(a.rows, a.dim, a.fmt, [a.ragged_batch], bags, seed=1, ragged=True)
+        rows += bench_throughput(a.rows, a.dim, a.fmt, [a.ragged_batch], bags, threads, a.rounds, a.peers, seed=1, ragged=True)
+    print(f"# JIT: {fused.jit_seconds():.2f} s (warm-up at load, from numba's disk cache when warm); load after: {os.getloadavg()[0]:.2f}")
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    print("| threads | batch | bag | torch f32 lookups/s | " + " | ".join(f"{i} x torch" for i in impls[1:]) + " |")
+    print("|---:|---:|---:|---:|" + "---:|" * (len(impls) - 1))
+    by = {}
     for r in rows:
-        print(f"| {r['batch']} | {r['bag']} | {r['impl']} | {r['lookups_s']:.3g} | {r['bytes_s'] / 1e9:.3g} GB/s | {r['vs_torch']:.2f} | {r['vs_gather']:.2f} |")
+        by.setdefault((r["threads"], r["batch"], r["bag"]), {})[r["impl"]] = r
+    for (th, B, L), d in by.items():
+        print(f"| {th} | {B} | {L} | {d['torch']['lookups_s']:.3g} | " + " | ".join(f"{d[i]['vs_torch']:.2f}" for i in impls[1:]) + " |")
     d = bench_dispatch()
     print("\n| registration | us per call (empty body) | overhead vs direct |")
     print("|---|---:|---:|")

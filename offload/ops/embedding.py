@@ -24,6 +24,7 @@ import torch
 
 from offload.ops.autograd import register_inference_only
 from offload.ops.resident import get_resident
+from offload.sim.embedding_fused import using_threads
 
 __all__ = ["lookup_numpy"]
 
@@ -53,7 +54,9 @@ def _run_raw(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weig
             raise TypeError(f"per_sample_weights: must be floating point, got {per_sample_weights.dtype}")
         # Quantized with weight_type's own rounding and overflow modes (saturating by default).
         inputs["per_sample_weights"] = np.asarray(wt.quantize(per_sample_weights.astype(np.float64, copy=False)), dtype=np.int64)
-    return res.device.run(res.handle, inputs)["out"], spec.out_type
+    # The sim device's fused kernels use as many threads as torch would (other devices ignore it).
+    with using_threads(torch.get_num_threads()):
+        return res.device.run(res.handle, inputs)["out"], spec.out_type
 
 
 def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None) -> np.ndarray:

@@ -1,0 +1,587 @@
+"""Fused, compiled embedding lookups: gather, pool and finish in one pass, bit-identical to
+:mod:`offload.sim.embedding` (the NumPy reference, which stays the oracle in the tests).
+
+Why numba and not a g++-built helper: the arithmetic is a handful of int64 operations per element
+whose shape (table dtype, index dtype, row-wise or not, weights or not) varies per kernel; numba
+specialises one Python source per dtype combination, caches the machine code on disk
+(``cache=True``), gives ``prange`` threads and lets us emit ``llvm.prefetch`` through an
+``@intrinsic``, all from a PyPI wheel with no compiler on the user's machine. A g++ helper would
+need a compiler at run time (the sim device must work where only pip is available), a hand-written
+dtype dispatch in C and a ctypes call per table. numba is also what hls4ml[da] already installs.
+
+What runs where: :func:`plan` turns a spec into a :class:`Plan` once (cast parameters of every
+fixed-point step, which compiled variant each table needs); :func:`run` executes a call. A spec
+whose casts leave the int64 fast cases of :meth:`FixedType.cast` (a ``uint64`` raw type, an
+``ap_int`` target from a fraction, ``AP_WRAP`` with saturation bits, shifts past 62) runs the
+NumPy reference instead: same results, reference speed. Semantics are those of
+:mod:`offload.sim.embedding` (per-element term cast to ``acc_t``, per-step accumulator overflow,
+round-half-away mean, output cast), not of its fast paths.
+
+Threads: single-threaded unless the caller says otherwise with :func:`using_threads` (the torch op
+passes ``torch.get_num_threads()``). Only one parallel launch runs at a time (numba's default
+``workqueue`` threading layer aborts the process on concurrent launches); a second concurrent call
+runs serially instead of waiting. Numba picks its threading layer at the first parallel compile
+(here GNU OpenMP, ``omp``, where libgomp is present): a process that forks after loading a kernel
+should start its children with ``spawn``, as GNU OpenMP is not fork-safe once its pool exists.
+
+JIT: :func:`warm_up` compiles (or loads from the on-disk cache) every variant a spec needs and
+returns the seconds spent; the sim device calls it at ``load()`` so no request pays for it.
+:func:`jit_seconds` reports the total so far.
+
+Example::
+
+    p = plan(spec)
+    out = run(p, tensors, {"indices": idx, "offsets": off})["out"]   # == kernels' reference()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import numpy as np
+
+from offload.sim.embedding import MODES, product_type
+from offload.sim.errors import InputError
+from offload.sim.fixed import FixedType
+
+try:  # a core dependency; missing only in a broken install, where the NumPy reference still works
+    import numba
+except ImportError:  # pragma: no cover - exercised by the fallback test through _NUMBA
+    numba = None
+
+__all__ = ["Plan", "plan", "run", "warm_up", "using_threads", "jit_seconds", "available", "aligned_copy"]
+
+# Replaced by None in tests to force the NumPy fallback.
+_NUMBA = numba
+_warned = False
+
+_ROUND = {"AP_TRN": 0, "AP_TRN_ZERO": 1, "AP_RND": 2, "AP_RND_MIN_INF": 3, "AP_RND_ZERO": 4, "AP_RND_INF": 5, "AP_RND_CONV": 6}
+_OVF = {"AP_WRAP": 0, "AP_SAT": 1, "AP_SAT_ZERO": 2, "AP_SAT_SYM": 1}  # SAT_SYM: SAT with lo + 1 (see _cast_params)
+# Cast kinds: exact left shift that provably fits (no overflow handling), shift 0 + fit,
+# rounding right shift + fit, left shift + fit.
+_EXACT, _FIT, _RSHIFT, _LSHIFT = 0, 1, 2, 3
+# Layout of one cast's parameter block in the int64 parameter vector.
+_C_KIND, _C_SHIFT, _C_ROUND, _C_OVF, _C_WIDTH, _C_SIGNED, _C_LO, _C_HI = range(8)
+_CAST_LEN = 8
+# Parameter vector: [mode, pad, plain shift, fit acc per step, prefetch distance, weight range, acc fit block,
+# term cast block, out cast block]
+_P_MODE, _P_PAD, _P_SHIFT, _P_FITACC, _P_AHEAD, _P_WLO, _P_WHI = range(7)
+_P_ACC = 7
+_P_TERM = _P_ACC + _CAST_LEN
+_P_OUT = _P_TERM + _CAST_LEN
+_P_LEN = _P_OUT + _CAST_LEN
+_MODE = {m: i for i, m in enumerate(MODES)}  # sum 0, mean 1, max 2
+
+# Prefetch distance in lookups (FBGEMM's TBE kernels prefetch a fixed number of rows ahead); read
+# when a plan is made, 0 turns prefetching off (bench/bench_embedding.py measures both).
+PREFETCH_AHEAD = 16
+
+_threads: contextvars.ContextVar[int] = contextvars.ContextVar("offload_sim_embedding_threads", default=1)
+_parallel_lock = threading.Lock()
+_jit_total = [0.0]
+
+
+def available() -> bool:
+    """Whether the compiled path can run (numba importable)."""
+    return _NUMBA is not None
+
+
+@contextlib.contextmanager
+def using_threads(n: int) -> Iterator[None]:
+    """Run fused lookups in this context with up to ``n`` threads (default outside: 1)."""
+    tok = _threads.set(max(1, int(n)))
+    try:
+        yield
+    finally:
+        _threads.reset(tok)
+
+
+def jit_seconds() -> float:
+    """Seconds spent so far compiling or loading compiled variants from the cache."""
+    return _jit_total[0]
+
+
+def aligned_copy(a: np.ndarray, align: int | None = None) -> np.ndarray:
+    """A C-contiguous copy of ``a`` whose data starts on an ``align``-byte boundary (default: 64, one
+    cache line, so a 128-byte row touches 2 lines, not 3; 4 KiB, a page, from 1 MiB up)."""
+    if align is None:
+        align = 4096 if a.nbytes >= 1 << 20 else 64
+    buf = np.empty(a.nbytes + align, dtype=np.uint8)
+    start = (-buf.ctypes.data) % align
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    np.copyto(out, a)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+
+@dataclass(frozen=True)
+class _TablePlan:
+    params: np.ndarray  # int64 parameter vector (see _P_*), unweighted
+    params_w: np.ndarray  # the same for weighted calls (term cast from value x weight)
+    plain: bool  # unweighted sum/mean of a non-row-wise table with exact terms and no overflow
+    acc32: bool  # plain path may accumulate in int32
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What :func:`run` needs for one spec; ``supported`` False means "use the NumPy reference"."""
+
+    spec: object
+    supported: bool
+    reason: str
+    tables: tuple[_TablePlan, ...]
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _cast_params(dst: FixedType, src: FixedType, exact_ok: bool) -> np.ndarray:
+    """``dst.cast(raw, src)`` as a parameter block (the int64 cases of FixedType._cast_valid)."""
+    if dst.raw_dtype != np.int64 or src.raw_dtype != np.int64:
+        raise _Unsupported(f"{src} -> {dst}: 64-bit unsigned raw values")
+    if dst.is_int and not src.is_int:
+        if src.integer <= 0:
+            raise _Unsupported(f"{src} -> {dst}: ap_int target from I <= 0")
+        mode = "AP_TRN_ZERO"
+    else:
+        mode = dst.rounding
+    if dst.overflow == "AP_WRAP" and dst.sat_bits:
+        raise _Unsupported(f"{dst}: AP_WRAP with saturation bits")
+    shift = src.F - dst.F
+    lo, hi = dst.min_raw, dst.max_raw
+    if dst.overflow == "AP_SAT_SYM" and dst.signed and dst.width > 1:
+        lo += 1
+    if exact_ok and shift <= 0 and -shift < 62 and (src.min_raw << -shift) >= dst.min_raw and (src.max_raw << -shift) <= dst.max_raw:
+        kind, sh = _EXACT, -shift
+    elif shift == 0:
+        kind, sh = _FIT, 0
+    elif 1 <= shift <= 62:
+        kind, sh = _RSHIFT, shift
+    elif shift < 0 and src.width - shift <= 63:
+        kind, sh = _LSHIFT, -shift
+    else:
+        raise _Unsupported(f"{src} -> {dst}: shift {shift}")
+    return np.array([kind, sh, _ROUND[mode], _OVF[dst.overflow], dst.width, int(dst.signed), lo, hi], dtype=np.int64)
+
+
+def _table_params(spec, t: int, weighted: bool) -> tuple[np.ndarray, bool, bool]:
+    ts = spec.tables[t]
+    acc, out_t = spec.acc_type, spec.out_type
+    vt = spec.value_types[t]
+    src_t = product_type(vt, spec.weight_type) if weighted else vt
+    term = _cast_params(acc, src_t, exact_ok=True)
+    if term[_C_KIND] == _EXACT:
+        term_max = max(-src_t.min_raw, src_t.max_raw) << int(term[_C_SHIFT])
+    else:
+        term_max = max(-acc.min_raw, acc.max_raw)
+    # As the reference decides: per-step overflow handling only where a bag could overflow.
+    fit_acc = spec.mode != "max" and spec.max_bag_size * term_max > min(acc.max_raw, -acc.min_raw)
+    p = np.zeros(_P_LEN, dtype=np.int64)
+    p[_P_MODE] = _MODE[spec.mode]
+    p[_P_PAD] = -1 if ts.padding_idx is None else ts.padding_idx
+    p[_P_FITACC] = int(fit_acc)
+    p[_P_AHEAD] = PREFETCH_AHEAD
+    p[_P_WLO], p[_P_WHI] = spec.weight_type.min_raw, spec.weight_type.max_raw
+    p[_P_ACC:_P_ACC + _CAST_LEN] = _cast_params(acc, acc, exact_ok=False)  # acc_t(acc + t): shift 0, fit
+    p[_P_TERM:_P_TERM + _CAST_LEN] = term
+    # Pooled values always lie in acc_t's range (no-overflow proof, saturation, or a single term), so
+    # an output cast that maps that whole range exactly is a plain shift.
+    p[_P_OUT:_P_OUT + _CAST_LEN] = _cast_params(out_t, acc, exact_ok=True)
+    plain = bool(not weighted and not ts.rowwise and spec.mode != "max" and not fit_acc and term[_C_KIND] == _EXACT)
+    p[_P_SHIFT] = term[_C_SHIFT] if plain else 0
+    acc32 = plain and spec.max_bag_size * max(-vt.min_raw, vt.max_raw, 1) < 2**31
+    return p, plain, acc32
+
+
+def plan(spec) -> Plan:
+    """The fused plan of an :class:`offload.kernels.embedding.EmbeddingSpec` (cached on the spec)."""
+    cache = spec._cache
+    p = cache.get("fused_plan")
+    if p is not None:
+        return p
+    try:
+        tables = []
+        for t in range(spec.num_tables):
+            pu, plain, acc32 = _table_params(spec, t, False)
+            pw, _, _ = _table_params(spec, t, True) if spec.mode == "sum" else (pu, False, False)
+            tables.append(_TablePlan(pu, pw, plain, acc32))
+        p = Plan(spec, True, "", tuple(tables))
+    except _Unsupported as e:
+        p = Plan(spec, False, str(e), ())
+    cache["fused_plan"] = p
+    return p
+
+
+# ---------------------------------------------------------------------------------- the kernels
+
+
+# Module-level (not closures): numba's disk cache keys a closure by its pickled cells, which differ
+# in every process, so closures would recompile on every start.
+if numba is not None:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch_row(typingctx, ary_t, row_t):
+        """``llvm.prefetch`` (read, high locality, data cache) of the first 128 bytes of row ``row``."""
+        sig = types.void(ary_t, row_t)
+
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            i8p = ir.IntType(8).as_pointer()
+            base = builder.bitcast(ary.data, i8p)
+            stride0 = cgutils.unpack_tuple(builder, ary.strides, aryty.ndim)[0]
+            row = context.cast(builder, args[1], signature.args[1], types.intp)
+            p = builder.gep(base, [builder.mul(row, stride0)])
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, ir.IntType(32), ir.IntType(32), ir.IntType(32)])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch")
+            i32 = ir.IntType(32)
+            builder.call(fn, [p, i32(0), i32(3), i32(1)])
+            builder.call(fn, [builder.gep(p, [ir.IntType(64)(64)]), i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @numba.njit(inline="always")
+    def fit(q, p, o):
+        ovf = p[o + _C_OVF]
+        w = p[o + _C_WIDTH]
+        if ovf == 0:  # AP_WRAP
+            if w == 64:
+                return q
+            r = q & ((np.int64(1) << w) - 1)
+            if p[o + _C_SIGNED]:
+                sign = np.int64(1) << (w - 1)
+                r = (r ^ sign) - sign
+            return r
+        lo = p[o + _C_LO]
+        hi = p[o + _C_HI]
+        if ovf == 2:  # AP_SAT_ZERO
+            return np.int64(0) if (q > hi or q < lo) else q
+        return min(max(q, lo), hi)
+
+    @numba.njit(inline="always")
+    def cast(raw, p, o):
+        kind = p[o + _C_KIND]
+        s = p[o + _C_SHIFT]
+        if kind == _EXACT:
+            return raw << s
+        if kind == _FIT:
+            return fit(raw, p, o)
+        if kind == _LSHIFT:
+            return fit(raw << s, p, o)
+        fl = raw >> s
+        m = p[o + _C_ROUND]
+        if m == 0:
+            return fit(fl, p, o)
+        rem = raw & ((np.int64(1) << s) - 1)
+        half = np.int64(1) << (s - 1)
+        if m == 1:
+            up = raw < 0 and rem != 0
+        elif m == 2:
+            up = rem >= half
+        elif m == 3:
+            up = rem > half
+        elif m == 4:
+            up = rem > half or (rem == half and raw < 0)
+        elif m == 5:
+            up = rem > half or (rem == half and raw >= 0)
+        else:
+            up = rem > half or (rem == half and (fl & 1) != 0)
+        return fit(fl + np.int64(up), p, o)
+
+    @numba.njit(inline="always")
+    def finish(acc, sh, n, p, out, b, col):
+        """Row ``b`` of ``out`` from the bag's accumulators (times 2^sh): mean's rounded division,
+        then the output cast. Branches sit outside the element loops so the common cases vectorise."""
+        dim = acc.shape[0]
+        row = out[b]
+        mean = p[_P_MODE] == 1
+        if p[_P_OUT + _C_KIND] == _EXACT and not mean:
+            s = sh + p[_P_OUT + _C_SHIFT]
+            for d in range(dim):
+                row[col + d] = np.int64(acc[d]) << s
+            return
+        for d in range(dim):
+            v = np.int64(acc[d]) << sh
+            if mean:  # round half away from zero, 0 for an empty bag
+                if n == 0:
+                    v = np.int64(0)
+                else:
+                    q = (2 * abs(v) + n) // (2 * n)
+                    v = -q if v < 0 else q
+            row[col + d] = cast(v, p, _P_OUT)
+
+    @numba.njit(nogil=True, cache=True)
+    def bags_plain(table, idx, off, t0, b0, b1, p, acc, out, col):
+        """Unweighted sum/mean, exact terms, no overflow possible: acc += row, shift at the end.
+        Returns 1 at the first index outside the table (nothing read there), else 0."""
+        dim = table.shape[1]
+        nrows = table.shape[0]
+        pad = p[_P_PAD]
+        sh = p[_P_SHIFT]
+        ahead = p[_P_AHEAD]
+        lim = off[t0 + b1]  # prefetch across bags, through the chunk's whole index stream
+        for b in range(b0, b1):
+            s = off[t0 + b]
+            e = off[t0 + b + 1]
+            for d in range(dim):
+                acc[d] = 0
+            n = 0
+            for j in range(s, e):
+                if ahead and j + ahead < lim:
+                    prefetch_row(table, idx[j + ahead])
+                r = idx[j]
+                if r < 0 or r >= nrows:
+                    return 1
+                if r == pad:
+                    continue
+                n += 1
+                for d in range(dim):
+                    acc[d] += table[r, d]
+            finish(acc, sh, n, p, out, b, col)
+        return 0
+
+    @numba.njit(nogil=True, cache=True)
+    def bags_general(table, params, rowwise, idx, off, w, weighted, t0, b0, b1, p, acc, out, col):
+        """Every other case: per-element term cast, per-step accumulator fit, max. Returns 1 at the
+        first index outside the table or weight outside weight_type (nothing read there), else 0."""
+        dim = table.shape[1]
+        nrows = table.shape[0]
+        wlo = p[_P_WLO]
+        whi = p[_P_WHI]
+        pad = p[_P_PAD]
+        mode = p[_P_MODE]
+        fitacc = p[_P_FITACC]
+        exact = p[_P_TERM + _C_KIND] == _EXACT
+        tsh = p[_P_TERM + _C_SHIFT]
+        ahead = p[_P_AHEAD]
+        lim = off[t0 + b1]  # prefetch across bags, through the chunk's whole index stream
+        for b in range(b0, b1):
+            s = off[t0 + b]
+            e = off[t0 + b + 1]
+            for d in range(dim):
+                acc[d] = 0
+            n = 0
+            for j in range(s, e):
+                if ahead and j + ahead < lim:
+                    prefetch_row(table, idx[j + ahead])
+                r = idx[j]
+                if r < 0 or r >= nrows:
+                    return 1
+                wj = np.int64(w[j]) if weighted else np.int64(1)
+                if wj < wlo or wj > whi:
+                    return 1
+                if r == pad:
+                    continue
+                sc = np.int64(params[r, 0]) if rowwise else np.int64(1)
+                bi = np.int64(params[r, 1]) if rowwise else np.int64(0)
+                if exact and mode != 2 and not fitacc:
+                    for d in range(dim):
+                        acc[d] += ((np.int64(table[r, d]) * sc + bi) * wj) << tsh
+                else:
+                    for d in range(dim):
+                        t = cast((np.int64(table[r, d]) * sc + bi) * wj, p, _P_TERM)
+                        if mode == 2:
+                            if n == 0 or t > acc[d]:
+                                acc[d] = t
+                        elif fitacc:
+                            acc[d] = fit(acc[d] + t, p, _P_ACC)
+                        else:
+                            acc[d] += t
+                n += 1
+            finish(acc, 0, n, p, out, b, col)
+        return 0
+
+    @numba.njit(nogil=True, cache=True, parallel=True)
+    def par_plain(table, idx, off, t0, nb_, p, scratch, out, col):
+        nc = scratch.shape[0]
+        bad = 0
+        for c in numba.prange(nc):
+            bad += bags_plain(table, idx, off, t0, c * nb_ // nc, (c + 1) * nb_ // nc, p, scratch[c], out, col)
+        return bad
+
+    @numba.njit(nogil=True, cache=True, parallel=True)
+    def par_general(table, params, rowwise, idx, off, w, weighted, t0, nb_, p, scratch, out, col):
+        nc = scratch.shape[0]
+        bad = 0
+        for c in numba.prange(nc):
+            bad += bags_general(table, params, rowwise, idx, off, w, weighted, t0, c * nb_ // nc, (c + 1) * nb_ // nc,
+                         p, scratch[c], out, col)
+        return bad
+
+    @numba.njit(nogil=True, cache=True)
+    def offsets_ok(off, n, max_bag):
+        """``validate()``'s offsets rules: start 0, never decrease, bags <= max_bag, end at n."""
+        if off[0] != 0 or off[off.shape[0] - 1] != n:
+            return False
+        for i in range(off.shape[0] - 1):
+            d = off[i + 1] - off[i]
+            if d < 0 or d > max_bag:
+                return False
+        return True
+
+
+# ------------------------------------------------------------------------------------------- run
+
+_EMPTY_PARAMS = np.zeros((0, 2), dtype=np.int64)
+_EMPTY_W = np.zeros(0, dtype=np.int64)
+
+
+def _call_table(tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, threads, parallel):
+    dim = table.shape[1]
+    nc = min(threads * 4, B) if parallel else 1
+    if tp.plain and w is None:
+        scratch = np.empty((nc, dim), dtype=np.int32 if tp.acc32 else np.int64)
+        if parallel:
+            return par_plain(table, idx, off, t0, B, tp.params, scratch, out, col)
+        return bags_plain(table, idx, off, t0, 0, B, tp.params, scratch[0], out, col)
+    weighted = w is not None
+    p = tp.params_w if weighted else tp.params
+    rowwise = params is not None
+    params = params if rowwise else _EMPTY_PARAMS
+    w = w if weighted else _EMPTY_W
+    scratch = np.empty((nc, dim), dtype=np.int64)
+    if parallel:
+        return par_general(table, params, rowwise, idx, off, w, weighted, t0, B, p, scratch, out, col)
+    return bags_general(table, params, rowwise, idx, off, w, weighted, t0, 0, B, p, scratch[0], out, col)
+
+
+_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+# Weight dtypes whose conversion to int64 keeps every value (uint64 could wrap past the range check).
+_WEIGHT_DTYPES = tuple(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32))
+
+
+def _shape_ok(spec, inputs: Mapping[str, np.ndarray]) -> bool:
+    """The cheap part of ``validate()`` (types, dtypes, ranks, lengths); the data rules run in the kernels."""
+    idx = inputs.get("indices")
+    off = inputs.get("offsets")
+    if type(idx) is not np.ndarray or type(off) is not np.ndarray:
+        return False
+    if idx.dtype not in _INDEX_DTYPES or off.dtype not in _INDEX_DTYPES or idx.ndim != 1 or off.ndim != 1:
+        return False
+    if off.shape[0] < 1 or (off.shape[0] - 1) % spec.num_tables:
+        return False
+    w = inputs.get("per_sample_weights")
+    if w is not None:
+        if spec.mode != "sum" or type(w) is not np.ndarray or w.dtype not in _WEIGHT_DTYPES or w.shape != idx.shape:
+            return False
+    return True
+
+
+# Below this many gathered elements (lookups x dim) a call runs serially even with threads: a
+# parallel launch costs more than it saves (measured: 64 x 20 x 64 ran 0.98x torch on 2 threads
+# in parallel against 1.17x torch on 1 thread serially). Like torch's parallel_for grain size.
+PARALLEL_MIN = 1 << 17
+
+
+def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], reference=None,
+        validate=None) -> dict[str, np.ndarray]:
+    """``{"out": raw out_type int64, B x total_dim}``, equal to ``reference(spec, tensors, inputs)``
+    bit for bit. ``reference`` serves specs the plan does not cover and runs when numba is missing
+    (with a one-time warning).
+
+    Without ``validate``, ``inputs`` must have passed the kind's ``validate()``. With it, the checks
+    run here: the cheap ones in Python, the per-element ones (offsets, index and weight ranges) in
+    the compiled loops, before any table read they guard; on any failure ``validate(spec, tensors,
+    inputs)`` runs and raises its error (so messages and types are the kind's own).
+    """
+    return _run(p, tensors, inputs, reference, validate, PARALLEL_MIN)
+
+
+def _run(p: Plan, tensors, inputs, reference, validate, parallel_min: int) -> dict[str, np.ndarray]:
+    spec = p.spec
+    if validate is not None and not _shape_ok(spec, inputs):
+        validate(spec, tensors, inputs)
+        validate = None  # validate() accepted what the cheap check refused: proceed as validated
+    if not p.supported or _NUMBA is None:
+        if _NUMBA is None:
+            _warn_once()
+        if validate is not None:
+            validate(spec, tensors, inputs)
+        return reference(spec, tensors, inputs)
+    idx = inputs["indices"]
+    if not (idx.flags.c_contiguous and idx.dtype.isnative):  # else a new variant would compile mid-request
+        idx = np.ascontiguousarray(idx, dtype=idx.dtype.newbyteorder("="))
+    off = inputs["offsets"]
+    if off.dtype != np.int64:
+        off = off.astype(np.int64)
+    w = inputs.get("per_sample_weights")
+    if w is not None and w.dtype != np.int64:
+        w = w.astype(np.int64)
+    if validate is not None and not offsets_ok(off, idx.shape[0], spec.max_bag_size):
+        validate(spec, tensors, inputs)
+        return reference(spec, tensors, inputs)  # unreachable unless the two checks disagree
+    T = spec.num_tables
+    B = (off.shape[0] - 1) // T
+    out = np.empty((B, spec.total_dim), dtype=np.int64)
+    if B == 0:
+        return {"out": out}
+    threads = _threads.get()
+    parallel = (threads > 1 and B > 1 and idx.shape[0] * spec.total_dim >= parallel_min
+                and _parallel_lock.acquire(blocking=False))
+    bad = 0
+    try:
+        if parallel:
+            prev = _NUMBA.get_num_threads()
+            _NUMBA.set_num_threads(min(threads, _NUMBA.config.NUMBA_NUM_THREADS))
+        try:
+            col = 0
+            for t, ts in enumerate(spec.tables):
+                bad += _call_table(p.tables[t], tensors[f"table{t}"], tensors.get(f"params{t}"), idx, off, w, t * B, B,
+                                   out, col, threads, parallel)
+                col += ts.dim
+        finally:
+            if parallel:
+                _NUMBA.set_num_threads(prev)
+    finally:
+        if parallel:
+            _parallel_lock.release()
+    if bad:
+        if validate is not None:
+            validate(spec, tensors, inputs)
+        raise InputError("inputs: an index outside its table or a weight outside weight_type (call validate() first)")
+    return {"out": out}
+
+
+def _warn_once() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn("offload.sim.embedding_fused: numba is not installed; using the NumPy reference "
+                      "(slower, same results)", RuntimeWarning, stacklevel=3)
+
+
+def warm_up(spec, tensors: Mapping[str, np.ndarray]) -> float:
+    """Compile (or load from numba's disk cache) every variant ``spec`` can call, for both index
+    dtypes, serial and parallel; returns the seconds it took (0 when nothing was left to do)."""
+    p = plan(spec)
+    if not p.supported or _NUMBA is None:
+        return 0.0
+    t0 = time.perf_counter()
+    T = spec.num_tables
+    for idx_dt in (np.int64, np.int32):
+        for weighted in ((False, True) if spec.mode == "sum" else (False,)):
+            for threads in (1, 2):
+                B = 2
+                inputs = {"indices": np.zeros(0, dtype=idx_dt), "offsets": np.zeros(T * B + 1, dtype=np.int64)}
+                if weighted:
+                    inputs["per_sample_weights"] = np.zeros(0, dtype=np.int64)
+                with using_threads(threads):
+                    _run(p, tensors, inputs, None, None, 0)
+    offsets_ok(np.zeros(1, dtype=np.int64), 0, 1)
+    dt = time.perf_counter() - t0
+    _jit_total[0] += dt
+    return dt
