@@ -1,0 +1,68 @@
+"""What embedding_connectivity feeds the placer, checked from the outside: a table's traffic is
+its lookups per sample (default 1) times its row bytes, the same bank's share of a spanning table's
+traffic counts once, and the keyword-only options stay keyword-only. Killed mutants found by the
+cosmic-ray run recorded in TESTING.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from offload.hls.connectivity import Item, Placement, embedding_connectivity, place
+from offload.kernels.embedding import TableSpec, make_spec
+
+
+def _table_banks(text: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"sp=\S+\.table(\d+):(\S+)", text)}
+
+
+def test_default_traffic_is_one_lookup_times_row_bytes():
+    # a: 64 x 16-bit = 128 B rows, few rows; b: 8 x 16-bit = 16 B rows, many rows (more bytes).
+    # Default traffic 1 per sample: a moves 128 B per sample, b 16 B, so a is busier and goes first
+    # (DDR[0]) although b is the larger table. Were traffic 0 (or bytes/rows inverted), the tie
+    # would go to the larger table, b.
+    spec = make_spec([TableSpec("a", 100, 64, "ap_fixed<16,6>"), TableSpec("b", 10000, 8, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
+    assert spec.tables[0].bytes() == 100 * 128 and spec.tables[1].bytes() == 10000 * 16
+    text = embedding_connectivity(spec, "u250")
+    assert _table_banks(text) == {0: "DDR[0]", 1: "DDR[1]"}
+    # And the other way round: a with more rows and wider rows is the busier of the two.
+    spec = make_spec([TableSpec("a", 1000, 64, "ap_fixed<16,6>"), TableSpec("b", 10, 8, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
+    assert _table_banks(embedding_connectivity(spec, "u250")) == {0: "DDR[0]", 1: "DDR[1]"}
+
+
+def test_fractional_traffic_is_not_rounded():
+    # b: 8.03 lookups x 16 B = 128.48 B per sample, a hair above a's 128 B: b is busiest. Rounding
+    # 8.03 * 16 down to 128 would tie, and the tie goes to the larger table, a (256 000 B > 160 000 B).
+    spec = make_spec([TableSpec("a", 2000, 64, "ap_fixed<16,6>"), TableSpec("b", 10000, 8, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
+    assert spec.tables[0].bytes() > spec.tables[1].bytes()
+    text = embedding_connectivity(spec, "u250", traffic={"b": 8.03})
+    assert _table_banks(text) == {0: "DDR[1]", 1: "DDR[0]"}
+
+
+def test_traffic_and_compute_units_are_keyword_only():
+    spec = make_spec([TableSpec("a", 10, 4, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
+    with pytest.raises(TypeError):
+        embedding_connectivity(spec, "u250", {"a": 2.0})
+
+
+def test_items_and_placements_are_immutable_values():
+    it = Item("t", 10, 1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        it.bytes = 11
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Placement(0, 0).first = 1
+    assert hash(it) == hash(Item("t", 10, 1.0))
+
+
+def test_a_spanning_table_checks_every_bank_of_its_run():
+    # u55c pseudo-channels of 512 MiB. "y" (3 PCs, largest, placed first) takes PC0..2; no traffic
+    # anywhere, so x (2 PCs) takes the lowest run that is wholly free, PC3..4, never one that starts
+    # on y's last PC.
+    pc = 16 * (1 << 30) // 32
+    got = place([Item("y", 2 * pc + 1, 0.0), Item("x", pc + 1, 0.0), Item("z", pc + 1, 0.0)], "u55c")
+    assert (got["y"].first, got["x"].first, got["z"].first) == (0, 3, 5)
+    spans = {n: set(range(p.first, p.last + 1)) for n, p in got.items()}
+    assert [len(spans[n]) for n in "yxz"] == [3, 2, 2]
+    assert not (spans["x"] & spans["y"]) and not (spans["x"] & spans["z"]) and not (spans["y"] & spans["z"])
