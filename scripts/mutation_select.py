@@ -3,12 +3,16 @@ given line ranges, then all but a seeded random sample of the rest. Skipped muta
 by neither side of the score, so a sampled score is the killed share of the sample.
 
     python scripts/mutation_select.py .mutation/ptq.sqlite --lines 200-459 --sample 40 --seed 17
+
+--retest-survivors forgets the survivors' results, so the next ``exec`` runs them again against
+the tests as they are now (after adding tests that should kill them).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sqlite3
 
 from cosmic_ray.work_db import WorkDB, use_db
 from cosmic_ray.work_item import WorkerOutcome, WorkResult
@@ -28,7 +32,16 @@ def main() -> None:
     ap.add_argument("--lines", type=_ranges, default=None, help="keep mutants starting on these lines, e.g. 200-459,12-30")
     ap.add_argument("--sample", type=int, default=None, help="keep this many of them, chosen with --seed")
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--retest-survivors", action="store_true")
     args = ap.parse_args()
+    if args.retest_survivors:
+        # WorkDB has no call to forget a result; its work_results table is keyed by job_id.
+        con = sqlite3.connect(args.session)
+        with con:
+            n = con.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
+        con.close()
+        print(f"{args.session}: {n} survivors pending again")
+        return
     with use_db(args.session, WorkDB.Mode.open) as db:
         pending = sorted(db.pending_work_items, key=lambda w: w.job_id)
         keep = [w for w in pending
