@@ -66,3 +66,11 @@ def test_a_spanning_table_checks_every_bank_of_its_run():
     spans = {n: set(range(p.first, p.last + 1)) for n, p in got.items()}
     assert [len(spans[n]) for n in "yxz"] == [3, 2, 2]
     assert not (spans["x"] & spans["y"]) and not (spans["x"] & spans["z"]) and not (spans["y"] & spans["z"])
+
+
+def test_spanning_tables_can_start_on_any_pseudo_channel_that_leaves_room():
+    # Sixteen 2-PC tables fill all 32 u55c pseudo-channels; the last starts on PC30, so run starts
+    # range over 0 .. banks - k, not a shorter list.
+    pc = 16 * (1 << 30) // 32
+    got = place([Item(f"t{i:02d}", pc + 1, 1.0) for i in range(16)], "u55c")
+    assert sorted((p.first, p.last) for p in got.values()) == [(2 * i, 2 * i + 1) for i in range(16)]
