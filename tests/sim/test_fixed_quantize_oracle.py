@@ -13,7 +13,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from offload.sim.fixed import FixedType
+from offload.sim.fixed import FixedType, accumulate
 
 
 def _round(v: Fraction, mode: str) -> int:
@@ -58,7 +58,7 @@ TYPES = [
     "ap_fixed<16,6,AP_RND,AP_SAT>", "ap_fixed<16,6,AP_RND_CONV,AP_SAT>", "ap_fixed<16,6>", "ap_fixed<16,6,AP_TRN_ZERO,AP_WRAP>",
     "ap_fixed<18,8,AP_RND_ZERO,AP_SAT_SYM>", "ap_fixed<18,8,AP_RND_INF,AP_SAT_ZERO>", "ap_fixed<18,8,AP_RND_MIN_INF,AP_WRAP>",
     "ap_ufixed<12,4,AP_RND,AP_SAT>", "ap_ufixed<12,4,AP_TRN,AP_WRAP>", "ap_fixed<40,10,AP_RND_CONV,AP_WRAP>",
-    "ap_fixed<8,-2,AP_RND,AP_SAT>", "ap_fixed<8,12,AP_RND_CONV,AP_WRAP>",
+    "ap_fixed<8,-2,AP_RND,AP_SAT>", "ap_fixed<8,12,AP_RND_CONV,AP_WRAP>", "ap_fixed<8,12,AP_TRN,AP_SAT>",
     "ap_int<8>", "ap_uint<8>", "ap_int<32>",
 ]
 
@@ -70,8 +70,10 @@ def _values(t: FixedType) -> np.ndarray:
     span = 2.0 ** (t.width - t.F)
     wide = rng.uniform(-3, 3, 400) * span  # in range and overflowing both ways
     far = np.array([2.0**70, -(2.0**70), 2.0**62 * lsb * 1.5, -(2.0**62) * lsb * 1.25, 1e300, -1e300])  # the bit-level path
-    tiny = np.array([-0.49, -0.25, -1e-300, 1e-300, -0.0, 0.0, -0.5, 0.5, -0.51, 5e-324, -5e-324])
-    return np.concatenate([grid, wide, far, tiny, (rng.normal(size=200) * span / 4).round(3)])
+    # |x * 2**F| >= 2**62 with low bits set: wrapping keeps them, so they must survive the path.
+    low_bits = np.ldexp(np.array([2.0**52 + 11, -(2.0**52 + 11), 2.0**52 + 3]), 12 - t.F)
+    tiny = np.array([-0.49, -0.25, -1e-300, 1e-300, -0.0, 0.0, -0.5, 0.5, -0.51])  # normal numbers: ap_types decodes subnormals its own way (see quantize)
+    return np.concatenate([grid, wide, far, low_bits, tiny, (rng.normal(size=200) * span / 4).round(3)])
 
 
 @pytest.mark.parametrize("text", TYPES)
@@ -82,3 +84,23 @@ def test_quantize_matches_the_exact_definition(text):
     want = [oracle(float(x), t) for x in xs]
     bad = [(float(x), int(g), w) for x, g, w in zip(xs, got, want) if int(g) != w]
     assert not bad, bad[:5]
+
+
+def test_negative_saturated_bits_are_refused():
+    with pytest.raises(ValueError, match=r"N \(saturation bits\) must be 0..W=16, got -1"):
+        FixedType(16, 6, rounding="AP_TRN", overflow="AP_WRAP", sat_bits=-1)
+
+
+@pytest.mark.parametrize("acc_text", ["ap_fixed<12,6,AP_RND_CONV,AP_SAT>", "ap_fixed<12,6,AP_TRN,AP_SAT_SYM>"])
+def test_accumulate_saturates_after_every_addition_in_order(acc_text):
+    # Terms on a coarser grid (F=4) than the accumulator (F=6): each is aligned exactly, then the
+    # running sum is saturated after every addition, so order matters: +30, +30 saturates at the
+    # top (31.98...), then -30 comes back down to about 1.98 rather than to 30.
+    x_t, acc_t = FixedType.parse("ap_fixed<10,6>"), FixedType.parse(acc_text)
+    rng = np.random.default_rng(5)
+    x = np.concatenate([x_t.quantize([30.0, 30.0, -30.0, -31.5, -31.5, 17.25]), x_t.quantize(rng.uniform(-32, 32, 40))])
+    acc = 0
+    for v in x:
+        acc = _fit(acc + int(v) * 2 ** (acc_t.F - x_t.F), acc_t)
+    assert int(accumulate(x, x_t, acc_t)) == acc
+    assert int(accumulate(x[:3], x_t, acc_t)) == _fit(_fit(2 * 30 * 64, acc_t) - 30 * 64, acc_t)
