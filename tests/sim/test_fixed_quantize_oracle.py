@@ -104,3 +104,21 @@ def test_accumulate_saturates_after_every_addition_in_order(acc_text):
         acc = _fit(acc + int(v) * 2 ** (acc_t.F - x_t.F), acc_t)
     assert int(accumulate(x, x_t, acc_t)) == acc
     assert int(accumulate(x[:3], x_t, acc_t)) == _fit(_fit(2 * 30 * 64, acc_t) - 30 * 64, acc_t)
+
+
+CAST_MODES = ["AP_TRN", "AP_TRN_ZERO", "AP_RND", "AP_RND_ZERO", "AP_RND_MIN_INF", "AP_RND_INF", "AP_RND_CONV"]
+
+
+@pytest.mark.parametrize("overflow", ["AP_SAT", "AP_WRAP", "AP_SAT_SYM", "AP_SAT_ZERO"])
+@pytest.mark.parametrize("mode", CAST_MODES)
+def test_cast_to_a_coarser_grid_matches_the_exact_definition(mode, overflow):
+    # ap_fixed<24,8> (F=16) -> ap_fixed<12,6> (F=6): a right shift by 10 with mode's rounding on the
+    # exact value raw / 2**10, then the width fit; every tie, both signs, values past both limits.
+    src, dst = FixedType.parse("ap_fixed<24,8>"), FixedType.parse(f"ap_fixed<12,6,{mode},{overflow}>")
+    rng = np.random.default_rng(11)
+    ties = (np.arange(-300, 300) * 512).astype(np.int64)  # multiples of 2**9: exact halves of 2**10
+    raws = np.concatenate([ties, ties + 1, ties - 1, rng.integers(src.min_raw, src.max_raw + 1, 500), [src.min_raw, src.max_raw, 0, -1, 1]])
+    got = dst.cast(raws, src)
+    want = [_fit(_round(Fraction(int(r), 1 << 10), mode), dst) for r in raws]
+    bad = [(int(r), int(g), w) for r, g, w in zip(raws, got, want) if int(g) != w]
+    assert not bad, bad[:5]
