@@ -232,3 +232,61 @@ def test_metrics_see_every_batch_and_request():
     # Each request waited inside the window the test measured around it (a consistency bound, not a
     # speed claim): the wait is a difference of two clock readings, never a ratio or a sum of them.
     assert 0.0 <= qd["offload_queue_duration_seconds_sum"] <= 2 * window
+
+
+def test_a_lone_request_waits_for_company_until_its_delay():
+    # One 1-row request of 5 columns, max_batch_size 3: the batch is not full (rows, not columns,
+    # count), so nothing runs before the delay; a second request joins it; stop() flushes both.
+    async def go():
+        dev = Device()
+        b = DynamicBatcher(dev, max_batch_size=3, max_queue_delay_s=LONG, max_queue_size=10)
+        await b.start()
+        x1, x2 = np.full((1, 5), 1.0), np.full((1, 5), 2.0)
+        f1 = asyncio.ensure_future(b.infer(x1, timeout=GUARD))
+        await _settle()
+        f2 = asyncio.ensure_future(b.infer(x2, timeout=GUARD))
+        await _settle()
+        ran_before_stop = len(dev.batches)
+        await b.stop()
+        return dev, ran_before_stop, await f1, await f2
+
+    dev, ran_before_stop, y1, y2 = run(go())
+    assert ran_before_stop == 0
+    assert [len(x) for x in dev.batches] == [2]
+    assert y1.tolist() == [[11.0]] and y2.tolist() == [[21.0]]
+
+
+def test_a_batch_that_overshoots_max_rows_runs_at_once_and_is_cut():
+    # 3 rows then 2 with max_batch_size 4: together they pass the limit without hitting it exactly;
+    # the 3 go at once (no waiting out the delay), the 2 stay for the next batch (5 > 4).
+    async def go():
+        dev = Device()
+        b = DynamicBatcher(dev, max_batch_size=4, max_queue_delay_s=LONG, max_queue_size=10)
+        await b.start()
+        f1 = asyncio.ensure_future(b.infer(rows(0, 3), timeout=GUARD))
+        await _settle()
+        f2 = asyncio.ensure_future(b.infer(rows(10, 2), timeout=GUARD))
+        y1 = await f1
+        await b.stop()
+        return dev, y1, await f2
+
+    dev, y1, y2 = run(go())
+    assert [len(x) for x in dev.batches] == [3, 2]
+    assert y1.tolist() == expect(rows(0, 3)) and y2.tolist() == expect(rows(10, 2))
+
+
+def test_queued_requests_that_do_not_fit_together_go_in_separate_batches():
+    async def go():
+        dev = Device(hold_first=True)
+        b = DynamicBatcher(dev, max_batch_size=4, max_queue_delay_s=0.0, max_queue_size=10)
+        await b.start()
+        first = asyncio.ensure_future(b.infer(rows(0, 1), timeout=GUARD))
+        await dev.started.wait()
+        futs = [asyncio.ensure_future(b.infer(x, timeout=GUARD)) for x in (rows(10, 2), rows(20, 3))]
+        await _settle()
+        dev.gate.set()
+        await asyncio.gather(first, *futs)
+        await b.stop()
+        return dev
+
+    assert [len(x) for x in run(go()).batches] == [1, 2, 3]
