@@ -74,3 +74,22 @@ def test_spanning_tables_can_start_on_any_pseudo_channel_that_leaves_room():
     pc = 16 * (1 << 30) // 32
     got = place([Item(f"t{i:02d}", pc + 1, 1.0) for i in range(16)], "u55c")
     assert sorted((p.first, p.last) for p in got.values()) == [(2 * i, 2 * i + 1) for i in range(16)]
+
+
+def test_equal_traffic_places_the_larger_table_first():
+    # Rule 2's tie-break: same traffic, so the larger table picks first and gets DDR[0].
+    got = place([Item("small", 1 << 30, 1.0), Item("large", 2 << 30, 1.0)], "u250")
+    assert (got["large"].first, got["small"].first) == (0, 1)
+
+
+def test_the_kernel_sits_next_to_the_lowest_of_equally_busy_banks():
+    from offload.hls.cards import get_card
+
+    # Two equal tables on DDR[0] and DDR[1], equally busy: the tie goes to the lower bank, whose
+    # SLR the kernel is pinned to (U250: each DDR bank hangs off its own SLR).
+    slr_of_bank = get_card("u250").memory.slr_of_bank
+    assert slr_of_bank[0] != slr_of_bank[1]
+    spec = make_spec([TableSpec("a", 100, 16, "ap_fixed<16,6>"), TableSpec("b", 100, 16, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
+    text = embedding_connectivity(spec, "u250")
+    assert _table_banks(text) == {0: "DDR[0]", 1: "DDR[1]"}
+    assert re.findall(r"slr=\S+:SLR(\d+)", text) == [str(slr_of_bank[0])]
