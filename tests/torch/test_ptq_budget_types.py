@@ -1,6 +1,6 @@
 """Two facts of the precision search checked from its results: biases that are negative get a
-signed type, and the cosine of an all-zero float output against a non-zero one is 0 (not NaN,
-which would compare False against every threshold and silently pass nothing)."""
+signed type, and the cosine of an all-zero float output against a non-zero one is 0 (not NaN:
+``cosine < cos_threshold`` is False for NaN, so such a layer would pass the search unrefined)."""
 
 from __future__ import annotations
 
