@@ -1,10 +1,8 @@
 """The ``sim`` device: the bit-exact reference models behind the device protocol.
 
-Embedding kernels run the fused compiled path (:mod:`offload.sim.embedding_fused`, bit-identical
-to the NumPy reference) from tables copied to 64-byte (large ones: 4 KiB) boundaries, so a row
-never straddles one more cache line than it must; ``load()`` compiles that path for the kernel's
-spec (or loads it from numba's disk cache) so no request pays the JIT, and records the seconds in
-``info().details["jit_s"]``.
+A kind with a fast path (``KernelKind.prepare`` / ``run_checked``: the embedding kind's fused
+compiled code, bit-identical to its NumPy reference) gets its resident arrays laid out and its code
+compiled at ``load()``, so no request pays the JIT; the seconds are in ``info().details["jit_s"]``.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import numpy as np
 
 from offload.host.device import DeviceError, DeviceInfo, KernelHandle, register_device
 from offload.kernels.registry import Kernel, get_kind, resident_copy
-from offload.sim import embedding_fused
 
 __all__ = ["SimDevice"]
 
@@ -43,16 +40,14 @@ class SimDevice:
 
     def load(self, kernel: Kernel) -> KernelHandle:
         frozen = resident_copy(kernel)
-        if frozen.kind == "embedding":
-            tensors = {k: embedding_fused.aligned_copy(v) for k, v in frozen.tensors.items()}
-            for v in tensors.values():
-                v.setflags(write=False)
+        kind = get_kind(frozen.kind)
+        jit = 0.0
+        if kind.prepare is not None:
+            tensors, jit = kind.prepare(frozen.spec, frozen.tensors)
             frozen = Kernel(frozen.name, frozen.spec, tensors)
-            jit = embedding_fused.warm_up(frozen.spec, frozen.tensors)
-            with self._lock:
-                self._jit_s += jit
         with self._lock:
             self._check_open()
+            self._jit_s += jit
             self._kernels.append(frozen)
             slot = len(self._kernels) - 1
         return KernelHandle(self.name, kernel.name, kernel.kind, slot)
@@ -70,8 +65,8 @@ class SimDevice:
         self._check_open()
         k = self._get(handle)
         kind = get_kind(k.kind)
-        if k.kind == "embedding":  # validates as it runs (kind.validate raises on any failure)
-            return embedding_fused.run(embedding_fused.plan(k.spec), k.tensors, inputs, kind.reference, kind.validate)
+        if kind.run_checked is not None:
+            return kind.run_checked(k.spec, k.tensors, inputs)
         kind.validate(k.spec, k.tensors, inputs)
         return kind.reference(k.spec, k.tensors, inputs)
 

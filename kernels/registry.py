@@ -44,6 +44,12 @@ class KernelKind:
     - ``tensor_shapes(spec)`` (optional) gives the shape of every resident tensor the spec needs,
       from the spec alone, so a bundle loader can refuse a tensor whose declared shape contradicts
       the spec before it reads a byte of it.
+    - ``prepare(spec, tensors)`` (optional) lays out the resident arrays a host-memory device keeps
+      for the kind's fast path (for example aligned, its compiled code warmed); returns the arrays
+      and the seconds spent compiling.
+    - ``run_checked(spec, tensors, inputs)`` (optional) is ``validate`` then ``reference`` in one
+      pass, bit for bit the same outputs and the same errors; devices that compute on the host use
+      it when the kind has one.
     """
 
     name: str
@@ -53,6 +59,8 @@ class KernelKind:
     check_tensors: Callable[[Any, Arrays], None] | None = None
     golden_inputs: Callable[[Any, np.random.Generator, int], dict[str, np.ndarray]] | None = None
     tensor_shapes: Callable[[Any], Mapping[str, tuple[int, ...]]] | None = None
+    prepare: Callable[[Any, Arrays], tuple[dict[str, np.ndarray], float]] | None = None
+    run_checked: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]] | None = None
 
 
 @dataclass
