@@ -36,6 +36,7 @@ import offload
 from offload.host.sim import SimDevice
 from offload.kernels import get_kind
 from offload.sim import embedding_fused as fused
+from offload.sim.layout import aligned_copy
 from _timing import best_seconds  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
@@ -57,7 +58,7 @@ def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, threads, roun
     kind = get_kind("embedding")
     dev = SimDevice()
     h = dev.load(kernel)  # aligned resident copy, JIT warmed
-    aligned = {k: fused.aligned_copy(v) for k, v in kernel.tensors.items()}
+    aligned = {k: aligned_copy(v) for k, v in kernel.tensors.items()}
     plan = fused.plan(kernel.spec)
     table = kernel.tensors["table0"]
     rng = np.random.default_rng(seed)

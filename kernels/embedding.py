@@ -521,15 +521,11 @@ def golden_inputs(spec: EmbeddingSpec, rng: np.random.Generator, case: int) -> d
 # The fused path (offload.sim.embedding_fused) imports numba, 0.37 s measured with -X importtime:
 # loaded on a device's first load, not by every `import offload.kernels` (`offload --help` among them).
 def prepare(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-    """Tables copied to 64-byte (large ones: 4 KiB) boundaries, so a row never straddles one more
-    cache line than it must, and the fused path compiled (or loaded from numba's disk cache) for
-    this spec, so no request pays the JIT."""
+    """The fused path compiled (or loaded from numba's disk cache) for this spec, so no request pays
+    the JIT. The tables are the device's aligned resident copies and are kept as they are."""
     from offload.sim import embedding_fused
 
-    aligned = {k: embedding_fused.aligned_copy(v) for k, v in tensors.items()}
-    for v in aligned.values():
-        v.setflags(write=False)
-    return aligned, embedding_fused.warm_up(spec, aligned)
+    return dict(tensors), embedding_fused.warm_up(spec, tensors)
 
 
 def run_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

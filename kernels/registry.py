@@ -20,6 +20,8 @@ from typing import Any, Callable, Generic, Mapping, TypeVar, overload
 
 import numpy as np
 
+from offload.sim.layout import aligned_copy
+
 Arrays = Mapping[str, np.ndarray]
 T = TypeVar("T")
 _MISSING = object()
@@ -44,9 +46,10 @@ class KernelKind:
     - ``tensor_shapes(spec)`` (optional) gives the shape of every resident tensor the spec needs,
       from the spec alone, so a bundle loader can refuse a tensor whose declared shape contradicts
       the spec before it reads a byte of it.
-    - ``prepare(spec, tensors)`` (optional) lays out the resident arrays a host-memory device keeps
-      for the kind's fast path (for example aligned, its compiled code warmed); returns the arrays
-      and the seconds spent compiling.
+    - ``prepare(spec, tensors)`` (optional) readies the kind's fast path on a host-memory device,
+      given the device's resident copies (already private, read-only and 64-byte aligned by
+      :func:`resident_copy`), for example by warming its compiled code; returns the arrays to keep
+      (the same ones unless it must re-lay them out) and the seconds spent compiling.
     - ``run_checked(spec, tensors, inputs)`` (optional) is ``validate`` then ``reference`` in one
       pass, bit for bit the same outputs and the same errors; devices that compute on the host use
       it when the kind has one.
@@ -155,7 +158,8 @@ def resident_copy(kernel: Kernel) -> Kernel:
     kind = get_kind(kernel.kind)
     if kind.check_tensors is not None:
         kind.check_tensors(kernel.spec, kernel.tensors)
-    frozen = Kernel(kernel.name, kernel.spec, {k: np.array(v, copy=True) for k, v in kernel.tensors.items()})
+    # One copy, aligned: prepare() works on it in place instead of copying the tables again.
+    frozen = Kernel(kernel.name, kernel.spec, {k: aligned_copy(v) for k, v in kernel.tensors.items()})
     for v in frozen.tensors.values():
         v.setflags(write=False)
     return frozen

@@ -55,7 +55,7 @@ try:  # a core dependency; missing only in a broken install, where the NumPy ref
 except ImportError:  # pragma: no cover - exercised by the fallback test through _NUMBA
     numba = None
 
-__all__ = ["Plan", "plan", "run", "warm_up", "using_threads", "jit_seconds", "available", "aligned_copy"]
+__all__ = ["Plan", "plan", "run", "warm_up", "using_threads", "jit_seconds", "available"]
 
 # Replaced by None in tests to force the NumPy fallback.
 _NUMBA = numba
@@ -105,18 +105,6 @@ def using_threads(n: int) -> Iterator[None]:
 def jit_seconds() -> float:
     """Seconds spent so far compiling or loading compiled variants from the cache."""
     return _jit_total[0]
-
-
-def aligned_copy(a: np.ndarray, align: int | None = None) -> np.ndarray:
-    """A C-contiguous copy of ``a`` whose data starts on an ``align``-byte boundary (default: 64, one
-    cache line, so a 128-byte row touches 2 lines, not 3; 4 KiB, a page, from 1 MiB up)."""
-    if align is None:
-        align = 4096 if a.nbytes >= 1 << 20 else 64
-    buf = np.empty(a.nbytes + align, dtype=np.uint8)
-    start = (-buf.ctypes.data) % align
-    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
-    np.copyto(out, a)
-    return out
 
 
 # ------------------------------------------------------------------------------------------ plan

@@ -11,6 +11,7 @@ from offload.host.sim import SimDevice
 from offload.kernels import catalogue, get_kind
 from offload.kernels.embedding import ROWWISE, TableSpec, make_kernel, make_spec
 from offload.sim import embedding_fused as F
+from offload.sim.layout import aligned_copy
 
 from _embedding_harness import SPECS, make_case, random_tables
 
@@ -148,10 +149,10 @@ def test_without_numba_falls_back_with_one_warning(monkeypatch):
 def test_aligned_copy():
     a = np.arange(1000, dtype=np.int16).reshape(100, 10)
     for align in (None, 64, 4096):
-        c = F.aligned_copy(a, align)
+        c = aligned_copy(a, align)
         assert c.ctypes.data % (align or 64) == 0 and np.array_equal(c, a) and c.flags.c_contiguous
     big = np.zeros((1 << 19, 2), dtype=np.int16)  # 2 MiB: page-aligned by default
-    assert F.aligned_copy(big).ctypes.data % 4096 == 0
+    assert aligned_copy(big).ctypes.data % 4096 == 0
 
 
 def test_sim_device_aligns_warms_and_runs_fused():
@@ -174,6 +175,28 @@ def test_sim_device_aligns_warms_and_runs_fused():
     assert [len(d.signatures) for d in disp] == before
     with pytest.raises(IndexError):
         dev.run(h, {"indices": np.array([999]), "offsets": np.array([0, 1, 1, 1, 1])})
+    dev.close()
+
+
+def test_sim_device_load_copies_tables_once():
+    """The resident copy is the aligned one: load() allocates one table's worth, not two."""
+    import tracemalloc
+
+    spec = make_spec([TableSpec("t0", 1 << 15, 32, "ap_fixed<16,6>")], max_bag_size=8)
+    k = make_kernel("k", spec, random_tables(np.random.default_rng(3), spec))
+    table_bytes = sum(v.nbytes for v in k.tensors.values())
+    dev = SimDevice()
+    dev.load(k)  # numba's cache and dispatcher state settle outside the measurement
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        h = dev.load(k)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert table_bytes <= peak < 1.5 * table_bytes
+    k.tensors["table0"][...] = 0  # the caller's array is not the device's copy
+    assert dev._get(h).tensors["table0"].any()
     dev.close()
 
 
