@@ -29,9 +29,10 @@ def _body(n_features: int) -> bytes:
 
 def test_counts_answers_and_uses_every_connection(svc):
     with live(svc.app) as url:
-        before = svc.metrics.requests.labels(model="risk", code="200")._value.get()
+        get = svc.metrics.registry.get_sample_value
+        before = get("offload_requests_total", {"model": "risk", "code": "200"}) or 0.0
         res = asyncio.run(run_closed(f"http://{url}/v2/models/risk/infer", _body(svc.model.input.width), connections=8, duration=0.5))
-        after = svc.metrics.requests.labels(model="risk", code="200")._value.get()
+        after = get("offload_requests_total", {"model": "risk", "code": "200"})
     assert res.errors == {}
     assert res.ok > 8
     # Every answer the tool counted is one the server counted, none more, none lost.
