@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import numpy as np
@@ -49,12 +48,17 @@ __all__ = ["DynamicBatcher", "QueueFull", "RequestTimeout", "ShuttingDown"]
 _TIMER_TICK_S = 1e-3
 
 
-@dataclass(eq=False)
 class _Pending:
-    x: np.ndarray
-    future: asyncio.Future
-    enqueued: float = field(default_factory=time.perf_counter)
-    taken: bool = False
+    """One queued request. A plain class with slots: a dataclass with a default_factory cost
+    ~1 us more per request (py-spy)."""
+
+    __slots__ = ("x", "future", "enqueued", "taken")
+
+    def __init__(self, x: np.ndarray, future: asyncio.Future) -> None:
+        self.x = x
+        self.future = future
+        self.enqueued = time.perf_counter()
+        self.taken = False
 
 
 class DynamicBatcher:
