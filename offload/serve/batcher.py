@@ -204,18 +204,12 @@ class DynamicBatcher:
                 await self._run(loop, batch)
 
     async def _gather(self) -> None:
-        """One more pass of the loop (requests already read, their tasks scheduled, queue up), and
-        further passes while each brings new requests, until the oldest has waited the delay or
-        the batch is full. A pass that brings nobody ends it: no pass is spent waiting on an idle
-        loop (at one connection that would be the busy spin this module avoids), while under load
-        each further pass is other requests' own work, and the batch grows."""
-        n = len(self._queue)
+        """One more pass of the loop: requests already read (their tasks are scheduled) queue up.
+        Only one: a request read during that pass takes its first step after this one resumes
+        (the loop runs ready callbacks before it polls), so a rule of "more passes while each
+        brings requests" never saw them (tried: requests arriving one per pass each ran alone),
+        and more passes regardless would be the busy spin this module avoids."""
         await asyncio.sleep(0)
-        while self._queue and len(self._queue) > n and self._rows < self.max_batch_size:
-            if time.perf_counter() - self._queue[0].enqueued >= self.max_queue_delay_s:
-                return
-            n = len(self._queue)
-            await asyncio.sleep(0)
 
     async def _fill(self, loop: asyncio.AbstractEventLoop) -> None:
         """Waits until the oldest request's delay is over or the batch is full, on timers of at

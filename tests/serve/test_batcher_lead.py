@@ -114,3 +114,23 @@ def test_a_leader_cancelled_during_its_pass_still_runs_the_batch_for_the_others(
     assert isinstance(c, asyncio.CancelledError)
     assert y1.tolist() == [[11.0]] and y2.tolist() == [[21.0]]
     assert dev.inline == [2] and depth == 0
+
+
+def test_the_leader_waits_one_pass_not_the_delay(monkeypatch):
+    # The clock is held still, so the 999 us delay never ends: only the one-pass rule lets the
+    # lone request go (and the next lone request lead again).
+    from types import SimpleNamespace
+
+    import offload.serve.batcher as batcher_module
+
+    monkeypatch.setattr(batcher_module, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+    dev = Devices()
+
+    async def body(b):
+        first = asyncio.ensure_future(b.infer(_rows(0), TIMEOUT))
+        for _ in range(4):  # passes with no new request: the lone one goes on its own
+            await asyncio.sleep(0)
+        return await first, await b.infer(_rows(1), TIMEOUT)
+
+    asyncio.run(_with(dev, body, delay_s=999e-6))
+    assert dev.inline == [1, 1]
