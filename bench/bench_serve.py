@@ -21,6 +21,16 @@ same clients also call each protocol's floor (``_serve_baselines.py floor --grpc
 answers on the same stacks), which bounds what the service could reach on either.
 
     .venv/bin/python bench/bench_serve.py --protocols [--rounds 20] [--per-round 250]
+
+``--connections 1,8,64`` measures instead throughput at a fixed concurrency (closed loop:
+``offload.loadgen.closedloop``, each connection sends its next batch-1 JSON request when the last
+answer is in) for the floor, the service and, with ``--kserve``, KServe's Python ModelServer
+(single worker) serving the naive server's float weights. KServe is never a project dependency:
+the script makes its own virtual environment, bench/.venvs/kserve (git-ignored), and pip-installs
+``kserve`` there on first use; if that fails or takes longer than ``--kserve-install-timeout``, it
+says so and measures the rest. Servers alternate within each cell, ``--repeats`` sweeps, medians.
+
+    .venv/bin/python bench/bench_serve.py --connections 1,8,64 --kserve [--duration 3] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -72,6 +82,109 @@ def _cpu_s(pid: int) -> float | None:
     except OSError:
         return None
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+KSERVE_VENV = ROOT / "bench" / ".venvs" / "kserve"
+
+
+def kserve_python(install_timeout_s: float) -> Path | None:
+    """The bench venv's python with kserve importable, made on first use; None (said why) if not."""
+    py = KSERVE_VENV / "bin" / "python"
+    try:
+        if not py.exists():
+            print(f"kserve peer: creating {KSERVE_VENV.relative_to(ROOT)} and installing kserve (first use; minutes)", flush=True)
+            subprocess.run([sys.executable, "-m", "venv", str(KSERVE_VENV)], check=True, timeout=120)
+        if subprocess.run([str(py), "-c", "import kserve, numpy"], capture_output=True, timeout=120).returncode != 0:
+            r = subprocess.run([str(py), "-m", "pip", "install", "-q", "kserve", "numpy"], capture_output=True, text=True, timeout=install_timeout_s)
+            if r.returncode != 0:
+                print(f"kserve peer: SKIPPED, pip install kserve failed (exit {r.returncode}): {r.stderr.strip()[-1500:]}", flush=True)
+                return None
+    except subprocess.TimeoutExpired as e:
+        print(f"kserve peer: SKIPPED, {' '.join(map(str, e.cmd[:4]))} took longer than {e.timeout:.0f} s", flush=True)
+        return None
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"kserve peer: SKIPPED, cannot make its virtual environment: {e}", flush=True)
+        return None
+    v = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('kserve'))"], capture_output=True, text=True, timeout=120)
+    print(f"kserve peer: kserve {v.stdout.strip()} in {KSERVE_VENV.relative_to(ROOT)}", flush=True)
+    return py
+
+
+def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with_kserve: bool, install_timeout_s: float) -> dict:
+    """Closed-loop throughput / p50 / p99 / server CPU per request at each concurrency."""
+    import orjson
+    import uvloop
+
+    from offload.examples.risk import make_transactions
+    from offload.loadgen.closedloop import run_closed
+
+    py = sys.executable
+    ports = {"floor": _port(), "service": _port(), "kserve": _port()}
+    cmds = {
+        "floor": [py, "bench/_serve_baselines.py", "floor", "--port", str(ports["floor"])],
+        "service": [py, "-m", "offload.cli", "serve", str(tmp / "risk"), "--port", str(ports["service"]), "--device", "sim", "--max-queue-size", "4096"],
+    }
+    kpy = kserve_python(install_timeout_s) if with_kserve else None
+    if kpy is not None:
+        cmds["kserve"] = [str(kpy), "bench/_kserve_peer.py", str(tmp / "float.npz"), "--port", str(ports["kserve"])]
+    x = make_transactions(1, 5)[0].astype(np.float32)
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
+    procs = {k: _start(c, ports[k]) for k, c in cmds.items()}
+    runs: dict[tuple[str, int], list[dict]] = {(k, c): [] for k in cmds for c in conns}
+    try:
+        for k in cmds:  # warm-up: first requests pay imports, JIT and cold caches
+            uvloop.run(run_closed(f"http://127.0.0.1:{ports[k]}/v2/models/risk/infer", body, connections=8, duration=1.0))
+        for rep in range(repeats):
+            for c in conns:
+                order = list(cmds) if (rep + conns.index(c)) % 2 == 0 else list(cmds)[::-1]
+                for k in order:
+                    c0 = _cpu_s(procs[k].pid)
+                    res = uvloop.run(run_closed(f"http://127.0.0.1:{ports[k]}/v2/models/risk/infer", body, connections=c, duration=duration))
+                    c1 = _cpu_s(procs[k].pid)
+                    p = res.percentiles()
+                    cpu_us = (c1 - c0) / res.ok * 1e6 if c0 is not None and c1 is not None and res.ok else float("nan")
+                    row = {"connections": c, "throughput": res.throughput, "p50_ms": p["p50"] / 1e3, "p99_ms": p["p99"] / 1e3, "errors": sum(res.errors.values()), "server_cpu_us_per_req": cpu_us}
+                    runs[(k, c)].append(row)
+                    print(f"[{rep + 1}/{repeats}] {k:8s} {c:4d} conns  {row['throughput']:7.0f} req/s  p50 {row['p50_ms']:8.3f} ms  p99 {row['p99_ms']:8.3f} ms  errors {row['errors']}  server CPU {cpu_us:6.1f} us/req", flush=True)
+    finally:
+        for p in procs.values():
+            p.terminate()
+        for p in procs.values():
+            p.wait(timeout=30)
+    res: dict = {k: {} for k in cmds}
+    for (k, c), rows in runs.items():
+        res[k][c] = {f: float(np.median([r[f] for r in rows])) for f in ("throughput", "p50_ms", "p99_ms", "server_cpu_us_per_req")}
+        res[k][c]["errors"] = int(sum(r["errors"] for r in rows))
+        res[k][c]["runs"] = rows
+    names = list(cmds)
+    print("\n| connections | " + " | ".join(f"{k} req/s" for k in names) + " | " + " | ".join(f"{k} p50 / p99 ms" for k in names) + " | server CPU us/req " + " / ".join(names) + " |")
+    print("|---:|" + "---:|" * (2 * len(names) + 1))
+    for c in conns:
+        print(f"| {c} | " + " | ".join(f"{res[k][c]['throughput']:.0f}" for k in names) + " | " + " | ".join(f"{res[k][c]['p50_ms']:.2f} / {res[k][c]['p99_ms']:.2f}" for k in names)
+              + " | " + " / ".join(f"{res[k][c]['server_cpu_us_per_req']:.0f}" for k in names) + " |")
+    summary: dict = {}
+    hi, lo = max(conns), min(conns)
+    summary["service_over_floor_throughput_at_max_conns"] = r1 = res["service"][hi]["throughput"] / res["floor"][hi]["throughput"]
+    summary["service_over_floor_cpu_at_min_conns"] = r2 = res["service"][lo]["server_cpu_us_per_req"] / res["floor"][lo]["server_cpu_us_per_req"]
+    # On a shared machine the throughputs move with everyone else's load (each server gets what
+    # CPU is left); CPU per request hardly does, and once CPU-bound a server's throughput is its
+    # inverse: the capacity ratio says what the throughput ratio would be on a machine of its own.
+    summary["service_over_floor_capacity_at_max_conns"] = r1c = res["floor"][hi]["server_cpu_us_per_req"] / res["service"][hi]["server_cpu_us_per_req"]
+    print(f"\nservice / floor throughput at {hi} connections: {r1:.2f}x measured, {r1c:.2f}x from CPU per request (goal >= 0.7)")
+    print(f"service / floor server CPU per request at {lo} connection(s): {r2:.2f}x (goal <= 1.5)")
+    if "kserve" in res:
+        # Equal p99: KServe at its best throughput, against the service's best at a p99 no higher.
+        kc = max(conns, key=lambda c: res["kserve"][c]["throughput"])
+        kb = res["kserve"][kc]
+        ok = [res["service"][c]["throughput"] for c in conns if res["service"][c]["p99_ms"] <= kb["p99_ms"] and not res["service"][c]["errors"]]
+        sb = max(ok, default=0.0)
+        summary["kserve_best"] = {"connections": kc, **{f: kb[f] for f in ("throughput", "p99_ms")}}
+        summary["service_over_kserve_at_equal_p99"] = r3 = sb / kb["throughput"]
+        summary["kserve_over_service_cpu_per_req"] = {c: res["kserve"][c]["server_cpu_us_per_req"] / res["service"][c]["server_cpu_us_per_req"] for c in conns}
+        print(f"KServe (1 worker) at its best: {kb['throughput']:.0f} req/s at {kc} connections, p99 {kb['p99_ms']:.2f} ms; "
+              f"service's best with p99 <= that: {sb:.0f} req/s: {r3:.2f}x (goal >= 8)")
+        print("KServe / service server CPU per request: " + ", ".join(f"{v:.1f}x at {c}" for c, v in summary["kserve_over_service_cpu_per_req"].items()))
+    return {"results": res, "summary": summary}
 
 
 def _sustained(rows: list[dict], rate: float) -> bool:
@@ -159,6 +272,9 @@ def main() -> None:
     ap.add_argument("--protocols", action="store_true", help="gRPC vs REST binary p50 at batch 1 instead of the rate sweep")
     ap.add_argument("--rounds", type=int, default=20, help="--protocols: interleaved rounds")
     ap.add_argument("--per-round", type=int, default=250, help="--protocols: requests per protocol per round")
+    ap.add_argument("--connections", default=None, help="closed loop at these concurrencies (e.g. 1,8,64) instead of the rate sweep")
+    ap.add_argument("--kserve", action="store_true", help="--connections: add KServe's ModelServer as a peer (own venv, see above)")
+    ap.add_argument("--kserve-install-timeout", type=float, default=900.0, help="seconds pip may take to install kserve")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rates = [float(r) for r in a.rates.split(",")]
@@ -181,6 +297,11 @@ def main() -> None:
     x, y = make_transactions(20000, 0)
     model = train_float_model(x, y, seed=0)
     np.savez(tmp / "float.npz", **{k: v.detach().numpy() for k, v in model.state_dict().items()})
+    if a.connections:
+        out = connections(tmp, [int(c) for c in a.connections.split(",")], a.duration, a.repeats, a.kserve, a.kserve_install_timeout)
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+        return
 
     ports = {"service": _port(), "naive": _port(), "floor": _port()}
     py = sys.executable

@@ -221,6 +221,20 @@ def validate(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[s
     Raises ``KeyError`` for a missing input, ``TypeError`` for a wrong dtype, ``ValueError`` for a
     wrong shape or a NaN / infinite feature (naming the first such row and column).
     """
+    validate_inputs(spec, inputs)
+    for name, shape in _tensor_shapes(spec).items():
+        if name not in tensors:
+            raise KeyError(f"mlp resident tensor {name!r} missing")
+        a = np.asarray(tensors[name])
+        if tuple(a.shape) != shape:
+            raise ValueError(f"mlp resident tensor {name!r} must have shape {list(shape)}, got {list(a.shape)}")
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
+
+
+def validate_inputs(spec: MlpSpec, inputs: Mapping[str, np.ndarray]) -> None:
+    """The input half of :func:`validate`, same errors: for a caller whose resident tensors were
+    checked once already (the scoring service checks every request, before queueing)."""
     if "x" not in inputs:
         raise KeyError(f"mlp input 'x' missing; got {sorted(inputs)}")
     x = np.asarray(inputs["x"])
@@ -238,14 +252,6 @@ def validate(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[s
         if bad.any():
             r, c = np.argwhere(bad)[0]
             raise ValueError(f"mlp input 'x' row {int(r)} column {int(c)} is {x[r, c]!r}: features must be finite")
-    for name, shape in _tensor_shapes(spec).items():
-        if name not in tensors:
-            raise KeyError(f"mlp resident tensor {name!r} missing")
-        a = np.asarray(tensors[name])
-        if tuple(a.shape) != shape:
-            raise ValueError(f"mlp resident tensor {name!r} must have shape {list(shape)}, got {list(a.shape)}")
-        if a.dtype.kind not in "iu":
-            raise TypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
 
 
 def check_tensors(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> None:

@@ -77,6 +77,7 @@ class ScoringService:
             max_queue_size=cfg.max_queue_size,
             metrics=self.metrics,
             model=self.model.name,
+            run_inline=self.runner.run_inline if self.runner.inline else None,
         )
         self._request_hist = self.metrics.request_duration.labels(model=self.model.name)
         self._ok_counter = self.metrics.requests.labels(model=self.model.name, code="200")

@@ -137,25 +137,47 @@ class FailoverRunner:
             dev.close()
             raise
 
+    @property
+    def inline(self) -> bool:
+        """True when every call computes on the caller's thread (the sim device, and the sim
+        fall-back): :meth:`run_inline` then does what :meth:`run` does, without a suspension."""
+        return self._inline
+
+    def run_inline(self, x: np.ndarray) -> tuple[np.ndarray, str]:
+        """:meth:`run` for an :attr:`inline` runner, as a plain call: the batcher's lone request
+        runs its batch in its own task with it, with no hand-off to another task."""
+        with self._lock:
+            dev, handle = (self._primary, self._handle) if self.state == "up" else (None, None)
+        err: DeviceError | None = None
+        if dev is not None:
+            t0 = time.perf_counter()
+            try:
+                y = self._checked(dev.run(handle, {"x": x}, timeout=self.timeout_s), x.shape[0], self.device_spec)
+                self._compute.observe(time.perf_counter() - t0)
+                return y, self.device_spec
+            except Exception as e:  # as in run(): whatever a device call raises is a device fault
+                err = e if isinstance(e, DeviceError) else DeviceError(f"device {self.device_spec!r} raised {type(e).__name__}: {e}")
+                self._fault(dev, err, type(e).__name__)
+        return self._fall_back(x, err)
+
     async def run(self, x: np.ndarray) -> tuple[np.ndarray, str]:
         """Scores ``x``; returns the output and the name of the device that computed it."""
+        if self._inline:
+            return self.run_inline(x)
         with self._lock:
             dev, handle, lane = (self._primary, self._handle, self._lane) if self.state == "up" else (None, None, None)
         err: DeviceError | None = None
         if dev is not None:
             t0 = time.perf_counter()
             try:
-                if lane is None:
-                    out = dev.run(handle, {"x": x}, timeout=self.timeout_s)
-                else:
-                    fut = lane.submit(dev.run, handle, {"x": x}, self.timeout_s)
-                    try:
-                        out = await asyncio.wait_for(asyncio.wrap_future(fut), self.deadline_s)
-                    except TimeoutError:
-                        raise DeviceAbandoned(
-                            f"device {self.device_spec!r}: a call ran past the service's deadline of {self.deadline_s * 1e3:.0f} ms "
-                            f"(device timeout {self.timeout_s * 1e3:.0f} ms); call and handle abandoned"
-                        ) from None
+                fut = lane.submit(dev.run, handle, {"x": x}, self.timeout_s)
+                try:
+                    out = await asyncio.wait_for(asyncio.wrap_future(fut), self.deadline_s)
+                except TimeoutError:
+                    raise DeviceAbandoned(
+                        f"device {self.device_spec!r}: a call ran past the service's deadline of {self.deadline_s * 1e3:.0f} ms "
+                        f"(device timeout {self.timeout_s * 1e3:.0f} ms); call and handle abandoned"
+                    ) from None
                 y = self._checked(out, x.shape[0], self.device_spec)
                 self._compute.observe(time.perf_counter() - t0)
                 return y, self.device_spec
@@ -164,6 +186,9 @@ class FailoverRunner:
             except Exception as e:
                 err = e if isinstance(e, DeviceError) else DeviceError(f"device {self.device_spec!r} raised {type(e).__name__}: {e}")
                 self._fault(dev, err, type(e).__name__)
+        return self._fall_back(x, err)
+
+    def _fall_back(self, x: np.ndarray, err: DeviceError | None) -> tuple[np.ndarray, str]:
         if self._sim is None:
             if isinstance(err, DeviceOutputError):
                 raise BadDeviceOutput(f"{err}; no fall-back is configured, so no scores are returned") from None

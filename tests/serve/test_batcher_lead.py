@@ -1,0 +1,136 @@
+"""A lone request leads: with a device that computes inline (the sim device) and a sub-tick
+delay, the request that finds the batcher idle gathers one loop pass of company and runs the
+batch in its own task, with no hand-off to the batcher's task. Same batches, same answers, same
+failure and timeout rules as the batcher's own path; leftovers go to the batcher's task."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import uvloop
+
+from offload.serve.batcher import DynamicBatcher
+
+TIMEOUT = 30.0
+GUARD = 20.0
+
+
+class Devices:
+    """The same stand-in as an inline call and as the batcher task's coroutine; records who ran what."""
+
+    def __init__(self, fail_inline_on: int | None = None) -> None:
+        self.inline: list[int] = []
+        self.task: list[int] = []
+        self.fail_inline_on = fail_inline_on
+
+    def run_inline(self, x: np.ndarray):
+        self.inline.append(x.shape[0])
+        if self.fail_inline_on == len(self.inline):
+            raise RuntimeError("device fault")
+        return x[:, :1] * 10.0 + 1.0, "inline"
+
+    async def run_batch(self, x: np.ndarray):
+        self.task.append(x.shape[0])
+        return x[:, :1] * 10.0 + 1.0, "task"
+
+
+def _rows(i: int) -> np.ndarray:
+    return np.full((1, 3), float(i))
+
+
+async def _with(dev: Devices, body, *, max_batch: int = 64, delay_s: float = 100e-6):
+    b = DynamicBatcher(dev.run_batch, max_batch_size=max_batch, max_queue_delay_s=delay_s, max_queue_size=100, run_inline=dev.run_inline)
+    await b.start()
+    for _ in range(3):  # the batcher's task parks on its wakeup
+        await asyncio.sleep(0)
+    try:
+        return await asyncio.wait_for(body(b), GUARD)
+    finally:
+        await b.stop()
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_requests_read_in_one_pass_share_the_leaders_batch(run):
+    dev = Devices()
+
+    async def body(b):
+        ys = await asyncio.gather(*(b.infer(_rows(i), TIMEOUT) for i in range(5)))
+        again = await b.infer(_rows(7), TIMEOUT)  # a later lone request leads again
+        return ys, again
+
+    ys, again = run(_with(dev, body))
+    assert [y.tolist() for y in ys] == [[[10.0 * i + 1.0]] for i in range(5)]
+    assert again.tolist() == [[71.0]]
+    assert dev.inline == [5, 1] and dev.task == []
+
+
+def test_what_does_not_fit_goes_to_the_batchers_task():
+    dev = Devices()
+
+    async def body(b):
+        return await asyncio.gather(*(b.infer(_rows(i), TIMEOUT) for i in range(10)))
+
+    ys = asyncio.run(_with(dev, body, max_batch=4))
+    assert [y.tolist() for y in ys] == [[[10.0 * i + 1.0]] for i in range(10)]
+    assert dev.inline == [4] and dev.task == [4, 2]
+
+
+def test_a_timed_delay_never_leads():
+    dev = Devices()
+
+    async def body(b):
+        return await asyncio.gather(*(b.infer(_rows(i), TIMEOUT) for i in range(3)))
+
+    asyncio.run(_with(dev, body, delay_s=1e-3))
+    assert dev.inline == [] and sum(dev.task) == 3
+
+
+def test_a_failing_inline_batch_fails_its_own_requests_and_the_next_one_runs():
+    dev = Devices(fail_inline_on=1)
+
+    async def body(b):
+        first = await asyncio.gather(*(b.infer(_rows(i), TIMEOUT) for i in range(3)), return_exceptions=True)
+        return first, await b.infer(_rows(4), TIMEOUT)
+
+    first, after = asyncio.run(_with(dev, body))
+    assert all(isinstance(e, RuntimeError) for e in first)
+    assert after.tolist() == [[41.0]]
+    assert dev.inline == [3, 1]
+
+
+def test_a_leader_cancelled_during_its_pass_still_runs_the_batch_for_the_others():
+    dev = Devices()
+
+    async def body(b):
+        tasks = [asyncio.ensure_future(b.infer(_rows(i), TIMEOUT)) for i in range(3)]
+        await asyncio.sleep(0)  # every task has queued; the first leads and waits out its pass
+        tasks[0].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        return done, b.depth
+
+    (c, y1, y2), depth = asyncio.run(_with(dev, body))
+    assert isinstance(c, asyncio.CancelledError)
+    assert y1.tolist() == [[11.0]] and y2.tolist() == [[21.0]]
+    assert dev.inline == [2] and depth == 0
+
+
+def test_the_leader_waits_one_pass_not_the_delay(monkeypatch):
+    # The clock is held still, so the 999 us delay never ends: only the one-pass rule lets the
+    # lone request go (and the next lone request lead again).
+    from types import SimpleNamespace
+
+    import offload.serve.batcher as batcher_module
+
+    monkeypatch.setattr(batcher_module, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+    dev = Devices()
+
+    async def body(b):
+        first = asyncio.ensure_future(b.infer(_rows(0), TIMEOUT))
+        for _ in range(4):  # passes with no new request: the lone one goes on its own
+            await asyncio.sleep(0)
+        return await first, await b.infer(_rows(1), TIMEOUT)
+
+    asyncio.run(_with(dev, body, delay_s=999e-6))
+    assert dev.inline == [1, 1]

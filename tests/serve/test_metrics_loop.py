@@ -1,0 +1,43 @@
+"""The service's lock-free per-request series scrape exactly as prometheus_client's own would:
+same sample names, labels, bucket bounds (``le`` equal to a bound counts in it), counts and sums."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from offload.serve.metrics import _BATCH_BUCKETS, _LATENCY_BUCKETS, LoopCounter, LoopHistogram, ServeMetrics
+
+
+def _without_created(text: bytes) -> str:
+    # _created holds each child's creation time, which differs between any two registries.
+    return re.sub(r"^\w+_created\{.*$", "", text.decode(), flags=re.M)
+
+
+@pytest.mark.parametrize("buckets", [_LATENCY_BUCKETS, _BATCH_BUCKETS])
+def test_histogram_and_counter_scrape_like_prometheus_client(buckets):
+    ref, ours = CollectorRegistry(), CollectorRegistry()
+    h_ref = Histogram("h_seconds", "doc", ["model", "device"], buckets=buckets, registry=ref)
+    h = LoopHistogram("h_seconds", "doc", ["model", "device"], buckets=buckets, registry=ours)
+    c_ref = Counter("c", "doc", ["code"], registry=ref)
+    c = LoopCounter("c", "doc", ["code"], registry=ours)
+    values = [0.0, *buckets, *(b * 1.5 for b in buckets), 1e9, 3e-7]
+    for i, v in enumerate(values):
+        dev = "sim" if i % 3 else "emu"
+        h_ref.labels(model="m", device=dev).observe(v)
+        h.labels(model="m", device=dev).observe(v)
+        c_ref.labels(code=200 + i % 2).inc(i)
+        c.labels(code=200 + i % 2).inc(i)
+    assert _without_created(generate_latest(ours)) == _without_created(generate_latest(ref))
+    assert ours.get_sample_value("h_seconds_created", {"model": "m", "device": "sim"}) is not None
+    assert ours.get_sample_value("c_created", {"code": "200"}) is not None
+
+
+def test_wrong_labels_and_negative_increments_are_refused():
+    m = ServeMetrics()
+    with pytest.raises(ValueError, match="model"):
+        m.request_duration.labels(modle="x")
+    with pytest.raises(ValueError, match="up"):
+        m.requests.labels(model="x", code="200").inc(-1)
