@@ -243,6 +243,14 @@ class TableBatchedEmbeddingBags(_Resident):
         return from_fbgemm(cls, tbe, fmt, **kw)
 
     @classmethod
+    def from_rowwise(cls, packed: Sequence[torch.Tensor], layout: str = "fp32_end", **kw) -> "TableBatchedEmbeddingBags":
+        """From pre-quantized int8 row-wise tables: ``layout="fp32_end"`` (torch's
+        ``embedding_bag_byte_prepack``) or ``"fp16_front"`` (FBGEMM's IntNBit rows). See :mod:`offload.nn.fbgemm`."""
+        from offload.nn.fbgemm import from_rowwise
+
+        return from_rowwise(cls, packed, layout, **kw)
+
+    @classmethod
     def from_float(
         cls,
         bags: Sequence[torch.nn.EmbeddingBag],

@@ -31,7 +31,7 @@ from offload.kernels import Kernel
 from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, ROWWISE, EmbeddingSpec, TableSpec, container_dtype, default_acc_type, make_spec
 from offload.sim.errors import FormatError, InputError, InputIndexError
 
-__all__ = ["BOUNDS_CHECK_MODES", "rowwise_params", "split_rowwise", "bounds_check", "rowwise_kernel"]
+__all__ = ["BOUNDS_CHECK_MODES", "rowwise_params", "split_rowwise", "bounds_check", "rowwise_kernel", "from_fbgemm", "from_rowwise"]
 
 # fbgemm_gpu/tbe/config/embedding_config.py (v1.8.0) BoundsCheckMode values -> offload's names. NONE
 # (no checks at all) becomes "fatal": offload never reads outside a table; V2_* are the same modes.
@@ -205,13 +205,15 @@ def from_fbgemm(cls, tbe, fmt: str = "ap_fixed<16,6>", *, max_bag_size: int = 25
     from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
+    if not isinstance(tbe, (IntNBitTableBatchedEmbeddingBagsCodegen, SplitTableBatchedEmbeddingBagsCodegen)):
+        raise TypeError(f"tbe: expected SplitTableBatchedEmbeddingBagsCodegen or IntNBitTableBatchedEmbeddingBagsCodegen, got {type(tbe).__name__}")
     mode = _pooling(tbe)
     ftm = list(tbe.feature_table_map)
     ftm_arg = None if ftm == list(range(len(tbe.embedding_specs))) else ftm
     bounds = BOUNDS_CHECK_MODES[int(tbe.bounds_check_mode_int)]
     if isinstance(tbe, IntNBitTableBatchedEmbeddingBagsCodegen):
         kernel = intnbit_kernel(tbe, name=name, mode=mode, feature_table_map=ftm_arg, max_bag_size=max_bag_size, weight_type=weight_type)
-    elif isinstance(tbe, SplitTableBatchedEmbeddingBagsCodegen):
+    else:
         from offload.nn.embedding import _make_kernel, _table_spec
 
         weights = [w.detach() for w in tbe.split_embedding_weights()]
@@ -220,8 +222,6 @@ def from_fbgemm(cls, tbe, fmt: str = "ap_fixed<16,6>", *, max_bag_size: int = 25
         acc = default_acc_type(tables, "sum", max_bag_size, weight_type) if mode == "mean" else None
         kernel = _make_kernel(name, tables, weights, mode=mode, max_bag_size=max_bag_size, weight_type=weight_type,
                               acc_type=acc, feature_table_map=ftm_arg)
-    else:
-        raise TypeError(f"tbe: expected SplitTableBatchedEmbeddingBagsCodegen or IntNBitTableBatchedEmbeddingBagsCodegen, got {type(tbe).__name__}")
     return cls(kernel, device=device, dtype=_output_dtype(tbe), bounds_check=bounds)
 
 
@@ -237,3 +237,19 @@ def intnbit_kernel(tbe, *, name: str, mode: str, feature_table_map: Optional[Seq
         tables.append((tname, codes.cpu().numpy(), scale.float().cpu().numpy().reshape(-1), bias.float().cpu().numpy().reshape(-1)))
     return rowwise_kernel(name, tables, mode=mode, feature_table_map=feature_table_map, max_bag_size=max_bag_size,
                           weight_type=weight_type, weighted_mean=mode == "mean")
+
+
+def from_rowwise(cls, packed: Sequence[torch.Tensor], layout: str = "fp32_end", *, mode: str = "sum",
+                 names: Optional[Sequence[str]] = None, feature_table_map: Optional[Sequence[int]] = None,
+                 max_bag_size: int = 256, weight_type: str = DEFAULT_WEIGHT_TYPE, device: str | Device | None = None,
+                 dtype: torch.dtype = torch.float32, bounds_check: str = "fatal", name: str = "rowwise"):
+    """``cls`` (TableBatchedEmbeddingBags) over pre-quantized packed uint8 tables, one per entry of
+    ``packed``, in ``layout`` (see :func:`split_rowwise`); values are ``code * scale + bias`` exactly."""
+    packed = list(packed)
+    names = list(names) if names is not None else [f"t{i}" for i in range(len(packed))]
+    if not packed or len(names) != len(packed):
+        raise InputError(f"packed/names: need at least one table and one name per table, got {len(packed)} and {len(names)}")
+    tables = [(n, *split_rowwise(p, layout)) for n, p in zip(names, packed)]
+    kernel = rowwise_kernel(name, tables, mode=mode, feature_table_map=feature_table_map, max_bag_size=max_bag_size,
+                            weight_type=weight_type, weighted_mean=mode == "mean")
+    return cls(kernel, device=device, dtype=dtype, bounds_check=bounds_check)
