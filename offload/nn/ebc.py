@@ -36,7 +36,8 @@ class EmbeddingBagCollection(torch.nn.Module):
     """Groups of features, each group one :class:`TableBatchedEmbeddingBags`; ``forward(kjt)``
     returns a ``torchrec.KeyedTensor`` with ``keys`` (one per feature) of widths ``dims``."""
 
-    def __init__(self, groups: Sequence[tuple[TableBatchedEmbeddingBags, Sequence[str]]], keys: Sequence[str], *, is_weighted: bool = False) -> None:
+    def __init__(self, groups: Sequence[tuple[TableBatchedEmbeddingBags, Sequence[str]]], keys: Sequence[str], *, is_weighted: bool = False,
+                 weighted_mean: bool = True) -> None:
         super().__init__()
         self.tbes = torch.nn.ModuleList([g for g, _ in groups])
         self.group_features = [list(f) for _, f in groups]
@@ -50,6 +51,9 @@ class EmbeddingBagCollection(torch.nn.Module):
         self.keys = list(keys)
         self.dims = [width[k] for k in self.keys]
         self.is_weighted = bool(is_weighted)
+        # torchrec's float EBC pools with torch.nn.EmbeddingBag, which refuses weighted means
+        # (NotImplementedError); its quantized EBC (FBGEMM) weights them. Each source's behaviour is kept.
+        self.weighted_mean = bool(weighted_mean)
         # Columns of the groups' concatenated output, in key order (None when that order is already it).
         start, col = {}, 0
         for f in order:
@@ -88,7 +92,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                                   feature_table_map=None if ftm == list(range(len(cfgs))) else ftm)
             features = [f for c in cfgs for f in c.feature_names]
             groups.append((TableBatchedEmbeddingBags(kernel, device=device, dtype=dtype), features))
-        return cls(groups, list(ebc._embedding_names), is_weighted=ebc.is_weighted())
+        return cls(groups, list(ebc._embedding_names), is_weighted=ebc.is_weighted(), weighted_mean=False)
 
     @classmethod
     def _from_quant(cls, qebc, *, max_bag_size: int, weight_type: str, device) -> "EmbeddingBagCollection":
@@ -114,6 +118,9 @@ class EmbeddingBagCollection(torch.nn.Module):
             raise InputError(f"features: the KeyedJaggedTensor lacks {missing} (it has {have})")
         if self.is_weighted and features.weights_or_none() is None:
             raise InputError("features: this collection is weighted; the KeyedJaggedTensor has no weights")
+        if self.is_weighted and not self.weighted_mean and any(t.mode == "mean" for t in self.tbes):
+            raise NotImplementedError("per_sample_weights: only supported with SUM pooling in this (float torchrec) collection, "
+                                      "as torch.nn.EmbeddingBag; a MEAN table was given weighted features")
         jts = features.to_dict()
         outs = []
         for tbe, fs in zip(self.tbes, self.group_features):
