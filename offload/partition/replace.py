@@ -19,6 +19,7 @@ import torch.nn as nn
 from offload.host import Device
 from offload.host.bundle import KernelSource
 from offload.nn import MLP, Embedding, EmbeddingBag, TableBatchedEmbeddingBags
+from offload.partition import recsys
 from offload.partition.budget import table_bytes
 from offload.partition.find import Candidate, bag_inputs, functional_args
 from offload.partition.group import graph_positions
@@ -174,6 +175,10 @@ def _build(st: State, c: Candidate, name: str) -> tuple[nn.Module | None, str]:
         return build_bag(c.module, st.fmt, st.device, name), f"{st.fmt} table on {st.report.device}"
     if c.kind == "embedding":
         return build_embedding(c.module, st.fmt, st.device, name), f"{st.fmt} table on {st.report.device}"
+    if c.kind in ("ebc", "tbe"):
+        new = recsys.build(c.kind, c.module, st.fmt, st.device, name)
+        calls = len(new.tbes) if c.kind == "ebc" else 1
+        return new, f"all tables in {calls} table-batched call(s) on {st.report.device}"
     if c.name not in st.recorded:
         return None, "MLP input was not a tensor on the calibration batches"
     new = build_mlp(c.module, st.recorded[c.name], st.precision, st.reuse_factor, st.device, name)
