@@ -286,12 +286,17 @@ def run(small: bool = False, device: str = "sim", dense_device: str = "cpu", n_e
 
 
 def run_torchrec(small: bool = False, device: str = "sim", n_eval: int = 4096, fmt: str = "ap_fixed<16,6>", seed: int = 0,
-                 steps: int | None = None) -> DLRMResult:
+                 steps: int | None = None, trained: tuple[DLRM, ClickData] | None = None) -> DLRMResult:
     """:func:`run` on :class:`TorchRecDLRM` (same trained weights): the EBC's tables and the MLP chains
-    (torchrec's MLP, functional activations) offloaded, a KeyedJaggedTensor in."""
-    model, make = build(small=small, seed=seed, steps=steps)
-    trm = TorchRecDLRM(model).eval()
-    test = make(n_eval, seed + 7)
+    (torchrec's MLP, functional activations) offloaded, a KeyedJaggedTensor in. ``trained``: a trained
+    DLRM and its test data (e.g. ``(res.model, res.test_data)`` of :func:`run`), instead of training one."""
+    if trained is None:
+        model, make = build(small=small, seed=seed, steps=steps)
+        test = make(n_eval, seed + 7)
+    else:
+        model, test = trained
+    trm = TorchRecDLRM(model.cpu()).eval()
+    test = test.to("cpu")
     calib = test.batches(256)[0]
     inputs = (test.dense, to_kjt(test))
     gm = offload.offload(trm, (calib.dense, to_kjt(calib)), device=device, fmt=fmt)

@@ -134,3 +134,16 @@ def test_fused_ebc_is_kept_with_a_reason(trec):
     gm = offload.offload(M(), (kjt,), device="sim")
     rows = {d.node: d for d in gm.offload_report.decisions}
     assert not rows["fused"].offloaded and "FusedEmbeddingBagCollection" in rows["fused"].reason
+
+
+def test_torchrec_dlrm_example_is_the_same_model():
+    from offload.examples.dlrm import DLRM, DLRMConfig, TorchRecDLRM, make_clicks, to_kjt
+
+    torch.manual_seed(0)
+    model = DLRM(DLRMConfig.small()).eval()
+    data = make_clicks(model.cfg, 64, seed=1)
+    trm = TorchRecDLRM(model).eval()
+    with torch.no_grad():
+        # Same weights and the same float32 ops in the same order (torchrec's EBC pools each feature
+        # through its own nn.EmbeddingBag, as DLRM does), so the probabilities are identical.
+        assert torch.equal(trm(data.dense, to_kjt(data)), model(*data.inputs))
