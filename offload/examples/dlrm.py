@@ -286,7 +286,8 @@ def run(small: bool = False, device: str = "sim", dense_device: str = "cpu", n_e
 
 
 def run_torchrec(small: bool = False, device: str = "sim", n_eval: int = 4096, fmt: str = "ap_fixed<16,6>", seed: int = 0,
-                 steps: int | None = None, trained: tuple[DLRM, ClickData] | None = None) -> DLRMResult:
+                 steps: int | None = None, trained: tuple[DLRM, ClickData] | None = None,
+                 ops: tuple[str, ...] = ("embedding_bag", "mlp")) -> DLRMResult:
     """:func:`run` on :class:`TorchRecDLRM` (same trained weights): the EBC's tables and the MLP chains
     (torchrec's MLP, functional activations) offloaded, a KeyedJaggedTensor in. ``trained``: a trained
     DLRM and its test data (e.g. ``(res.model, res.test_data)`` of :func:`run`), instead of training one."""
@@ -297,9 +298,10 @@ def run_torchrec(small: bool = False, device: str = "sim", n_eval: int = 4096, f
         model, test = trained
     trm = TorchRecDLRM(model.cpu()).eval()
     test = test.to("cpu")
-    calib = test.batches(256)[0]
+    # MLP activations calibrated on the first 2048 impressions (the tables need no calibration).
+    calib = [(b.dense, to_kjt(b)) for b in test.batches(512)[:4]]
     inputs = (test.dense, to_kjt(test))
-    gm = offload.offload(trm, (calib.dense, to_kjt(calib)), device=device, fmt=fmt)
+    gm = offload.offload(trm, calib[0], ops=ops, calib=calib, device=device, fmt=fmt)
     cmp = offload.compare(trm, gm, inputs)
     with torch.no_grad():
         p_float = trm(*inputs)
