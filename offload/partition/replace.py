@@ -22,7 +22,7 @@ from offload.nn import MLP, Embedding, EmbeddingBag, TableBatchedEmbeddingBags
 from offload.partition import recsys
 from offload.partition.budget import table_bytes
 from offload.partition.find import Candidate, bag_inputs, functional_args
-from offload.partition.group import graph_positions
+from offload.partition.group import graph_positions, hoistable
 from offload.partition.state import TABLE_KINDS, State, table_key
 from offload.sim.errors import OffloadError
 
@@ -125,6 +125,13 @@ def _replace_batched(gm: fx.GraphModule, group: list[Candidate], name: str) -> l
     flat: list[Any] = []
     for c in group:
         flat.extend(bag_inputs(c))
+    # Items of forward arguments move up to just after the arguments (see group.hoistable).
+    last_arg = [n for n in g.nodes if n.op == "placeholder"][-1]
+    for a in flat:
+        if hoistable(a) and pos[a] > pos[last_arg]:
+            last_arg.append(a)
+            last_arg = a
+    pos = graph_positions(gm)
     anchors = [a for a in flat if isinstance(a, fx.Node)]
     anchor = max(anchors, key=lambda a: pos[a])
     with g.inserting_after(anchor):
