@@ -32,6 +32,7 @@ import numpy as np
 from offload.hls.registry import HlsKind, KernelArg, register_hls_kind
 from offload.kernels.embedding import EmbeddingSpec, TableSpec, container_dtype
 from offload.sim.fixed import FixedType
+from offload.sim.errors import FormatError
 
 __all__ = ["top_name", "sources", "top_args", "pack_resident", "pack_inputs", "unpack_outputs", "table_bundle", "HLS_KIND"]
 
@@ -70,7 +71,15 @@ def _param_dtype(ts: TableSpec) -> np.dtype:
     return container_dtype(FixedType.parse(ts.param_type)) if ts.rowwise else np.dtype(np.int8)
 
 
+def _check_hls(spec: EmbeddingSpec) -> None:
+    # The C++ top walks one bag group per table; shared tables (feature_table_map) run on the sim device only.
+    if spec.feature_table_map is not None:
+        raise FormatError("feature_table_map: the HLS embedding kernel has one feature per table; "
+                          "build with one table per feature, or use the sim device")
+
+
 def top_args(spec: EmbeddingSpec) -> list[KernelArg]:
+    _check_hls(spec)
     out_t, wt = spec.out_type, spec.weight_type
     args: list[KernelArg] = []
     for t, ts in enumerate(spec.tables):
@@ -179,6 +188,7 @@ def port_depths(spec: EmbeddingSpec) -> dict[str, int]:
 
 
 def sources(spec: EmbeddingSpec) -> dict[str, str]:
+    _check_hls(spec)
     """``{"offload_embedding_cfg.h": ..., "<top>.cpp": ...}``; the generic body is included from hls/src."""
     name = top_name(spec)
     params: list[str] = []

@@ -33,7 +33,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -52,6 +52,7 @@ __all__ = [
     "rowwise_param_type",
     "quantize_table",
     "make_kernel",
+    "feature_tensors",
     "container_dtype",
     "validate",
     "reference",
@@ -130,6 +131,10 @@ class EmbeddingSpec:
     acc_type: FixedType
     out_type: FixedType
     weight_type: FixedType = FixedType.parse(DEFAULT_WEIGHT_TYPE)
+    # FBGEMM's feature_table_map: feature f looks up table feature_table_map[f]. A shared table is
+    # stored (and uploaded) once; calls then carry F*B+1 offsets and return B x sum(dim of each
+    # feature's table). None: one feature per table, in order.
+    feature_table_map: tuple[int, ...] | None = None
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -138,6 +143,8 @@ class EmbeddingSpec:
             v = getattr(self, name)
             if isinstance(v, str):
                 object.__setattr__(self, name, FixedType.parse(v))
+        if self.feature_table_map is not None:
+            object.__setattr__(self, "feature_table_map", tuple(int(t) for t in self.feature_table_map))
 
     @property
     def num_tables(self) -> int:
@@ -146,6 +153,29 @@ class EmbeddingSpec:
     @property
     def total_dim(self) -> int:
         return sum(t.dim for t in self.tables)
+
+    @property
+    def num_features(self) -> int:
+        """Bag groups per call (``F`` in ``F*B+1`` offsets): the tables, or the mapped features."""
+        return self.num_tables if self.feature_table_map is None else len(self.feature_table_map)
+
+    @property
+    def out_dim(self) -> int:
+        """Columns of a call's result: each feature's table dim, in feature order."""
+        if self.feature_table_map is None:
+            return self.total_dim
+        return sum(self.tables[t].dim for t in self.feature_table_map)
+
+    def per_feature(self) -> "EmbeddingSpec":
+        """The same kernel seen one table per feature (shared tables repeated under feature names),
+        which is what the reference and the fused path compute; cached, so the fused plan is too."""
+        if self.feature_table_map is None:
+            return self
+        c = self._cache.get("per_feature")
+        if c is None:
+            tables = tuple(replace(self.tables[t], name=f"{self.tables[t].name}/f{f}") for f, t in enumerate(self.feature_table_map))
+            c = self._cache["per_feature"] = EmbeddingSpec(tables, self.mode, self.max_bag_size, self.acc_type, self.out_type, self.weight_type)
+        return c
 
     def col_offsets(self) -> list[int]:
         return list(np.cumsum([0] + [t.dim for t in self.tables])[:-1].tolist())
@@ -167,6 +197,8 @@ class EmbeddingSpec:
             "acc_type": str(self.acc_type),
             "out_type": str(self.out_type),
             "weight_type": str(self.weight_type),
+            # Only when set, so the JSON (and the HLS digest) of every other kernel is unchanged.
+            **({} if self.feature_table_map is None else {"feature_table_map": list(self.feature_table_map)}),
         }
 
     @staticmethod
@@ -226,6 +258,7 @@ def make_spec(
     acc_type: str | None = None,
     out_type: str | None = None,
     weight_type: str = DEFAULT_WEIGHT_TYPE,
+    feature_table_map: Sequence[int] | None = None,
 ) -> EmbeddingSpec:
     """Build and check a spec; ``acc_type`` defaults to :func:`default_acc_type`, ``out_type`` to it."""
     for t in tables:
@@ -241,7 +274,8 @@ def make_spec(
     weight_type = _canon(weight_type)
     acc = _canon(acc_type) if acc_type else default_acc_type(tables, mode, max_bag_size, weight_type)
     out = _canon(out_type) if out_type else acc
-    spec = EmbeddingSpec(tables, mode, int(max_bag_size), acc, out, weight_type)
+    ftm = None if feature_table_map is None else tuple(feature_table_map)
+    spec = EmbeddingSpec(tables, mode, int(max_bag_size), acc, out, weight_type, ftm)
     _check_spec(spec)
     return spec
 
@@ -256,6 +290,13 @@ def _check_spec(spec: EmbeddingSpec) -> None:
     names = [t.name for t in spec.tables]
     if len(set(names)) != len(names):
         raise ValueError(f"tables: duplicate names {names}")
+    ftm = spec.feature_table_map
+    if ftm is not None:
+        if not ftm:
+            raise ValueError("feature_table_map: at least one feature is needed")
+        bad = [t for t in ftm if not 0 <= t < spec.num_tables]
+        if bad:
+            raise ValueError(f"feature_table_map: table {bad[0]} outside [0, {spec.num_tables})")
     acc, out, wt = spec.acc_type, spec.out_type, spec.weight_type
     if int(acc.width) > _MAX_ACC_WIDTH:
         raise ValueError(f"acc_type: {acc} is wider than {_MAX_ACC_WIDTH} bits")
@@ -337,6 +378,19 @@ def make_kernel(name: str, spec: EmbeddingSpec, weights: Sequence[np.ndarray]) -
     return Kernel(name, spec, tensors)
 
 
+def feature_tensors(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The resident tensors as :meth:`EmbeddingSpec.per_feature` names them: views of the shared
+    tables, never copies."""
+    if spec.feature_table_map is None:
+        return dict(tensors)
+    out = {}
+    for f, t in enumerate(spec.feature_table_map):
+        out[f"table{f}"] = tensors[f"table{t}"]
+        if f"params{t}" in tensors:
+            out[f"params{f}"] = tensors[f"params{t}"]
+    return out
+
+
 # ------------------------------------------------------------------------------------ validation
 
 
@@ -357,8 +411,11 @@ def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Map
 
     ``TypeError`` for dtypes; ``ValueError`` for offsets (start 0, non-decreasing, end at
     ``len(indices)``, length ``T*B+1``), bags longer than ``max_bag_size`` and misplaced or
-    mis-sized ``per_sample_weights``; ``IndexError`` for an index outside its table.
+    mis-sized ``per_sample_weights``; ``IndexError`` for an index outside its table. With a
+    ``feature_table_map`` the offsets count features (``F*B+1``).
     """
+    if spec.feature_table_map is not None:
+        return validate(spec.per_feature(), feature_tensors(spec, tensors), inputs)
     for key in ("indices", "offsets"):
         if key not in inputs:
             raise ValueError(f"inputs: missing {key!r}")
@@ -384,8 +441,9 @@ def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Map
         raise ValueError(f"offsets: bag {p} has {int(lens[p])} entries, more than max_bag_size={spec.max_bag_size}")
     w = inputs.get("per_sample_weights")
     if w is not None:
-        if spec.mode != "sum":
-            raise ValueError(f"per_sample_weights: only supported in mode 'sum', this kernel's mode is {spec.mode!r}")
+        # FBGEMM's TBE weights mean bags too (sum of w*row over the bag's length); max has no weights.
+        if spec.mode == "max":
+            raise ValueError(f"per_sample_weights: only supported in modes 'sum' and 'mean', this kernel's mode is {spec.mode!r}")
         if not isinstance(w, np.ndarray) or w.dtype.kind not in "iu":
             raise TypeError(f"per_sample_weights: expected raw integers in {spec.weight_type}, got {getattr(w, 'dtype', type(w).__name__)}")
         if w.shape != (n,):
@@ -456,7 +514,9 @@ def tensor_shapes(spec: EmbeddingSpec) -> dict[str, tuple[int, ...]]:
 
 
 def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The exact kernel output ``{"out": raw out_type, int64, B x total_dim}`` (inputs validated)."""
+    """The exact kernel output ``{"out": raw out_type, int64, B x out_dim}`` (inputs validated)."""
+    if spec.feature_table_map is not None:
+        return reference(spec.per_feature(), feature_tensors(spec, tensors), inputs)
     idx = inputs["indices"]
     off = inputs["offsets"]
     w = inputs.get("per_sample_weights")
@@ -489,6 +549,8 @@ def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Ma
 def golden_inputs(spec: EmbeddingSpec, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
     """Golden case ``case``: case 0 is adversarial (empty, full and single-entry bags, first, last
     and padding rows, extreme weights), later cases random; index dtypes alternate int64/int32."""
+    if spec.feature_table_map is not None:
+        return golden_inputs(spec.per_feature(), rng, case)
     B = 3 + case
     lens_all, idx_all = [], []
     for ts in spec.tables:
@@ -525,7 +587,7 @@ def prepare(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dic
     the JIT. The tables are the device's aligned resident copies and are kept as they are."""
     from offload.sim import embedding_fused
 
-    return dict(tensors), embedding_fused.warm_up(spec, tensors)
+    return dict(tensors), embedding_fused.warm_up(spec.per_feature(), feature_tensors(spec, tensors))
 
 
 def run_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -533,6 +595,12 @@ def run_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: 
     failure :func:`validate` runs and raises its own error."""
     from offload.sim import embedding_fused
 
+    if spec.feature_table_map is not None:
+        spec, tensors = spec.per_feature(), feature_tensors(spec, tensors)
+    if spec.mode != "sum" and inputs.get("per_sample_weights") is not None:
+        # The compiled loops weight sum bags only; weighted means take the reference.
+        validate(spec, tensors, inputs)
+        return reference(spec, tensors, inputs)
     return embedding_fused.run(embedding_fused.plan(spec), tensors, inputs, reference, validate)
 
 

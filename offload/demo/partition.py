@@ -7,6 +7,7 @@ model (10^4..10^6-row tables at dim 32).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 import offload
-from offload.examples.dlrm import run
+from offload.examples.dlrm import run, run_torchrec
 
 __all__ = ["partition_demo_section"]
 
@@ -60,4 +61,22 @@ def partition_demo_section(console: Console | None = None, full: bool | None = N
             continue  # the batched row stands for them
         a.add_row(r.name, str(r.batch), f"{r.host_s * 1e6:.0f} us", f"{r.card_s * 1e6:.0f} us ({r.transfer_s * 1e6:.0f}+{r.launch_s * 1e6:.0f}+{r.kernel_s * 1e6:.0f})", r.verdict)
     console.print(a)
+    if importlib.util.find_spec("torchrec") is not None:  # the optional `torchrec` extra
+        ok &= _torchrec_variant(console, res)
+    return bool(ok)
+
+
+def _torchrec_variant(console: Console, res) -> bool:
+    """The same trained DLRM written with TorchRec (EBC over a KeyedJaggedTensor, torchrec's MLP)."""
+    console.rule("[bold]The same DLRM, TorchRec style: EmbeddingBagCollection + torchrec MLP")
+    # Tables only, like the section above (its MLPs stay on the host too); with ops=("embedding_bag", "mlp")
+    # torchrec's MLP and the functional-activation top become two MLP chains (tests/torch/test_torchrec_partition.py).
+    tr = run_torchrec(trained=(res.model, res.test_data), ops=("embedding_bag",))
+    console.print(tr.report.table())
+    rows = {d.node: d for d in tr.report.decisions}
+    calls = len(tr.offloaded.get_submodule(rows["ebc"].replacement).tbes)
+    ok = calls == 1 and all(d.offloaded for d in tr.report.decisions) and tr.auc_offload >= tr.auc_float - 0.01
+    colour = "green" if ok else "red"
+    console.print(f"[{colour}]TorchRec DLRM: EBC ({rows['ebc'].shape}) in {calls} table-batched call; "
+                  f"output cosine {tr.comparison.min_cosine:.6f}; AUC float {tr.auc_float:.4f} -> offloaded {tr.auc_offload:.4f}[/]")
     return bool(ok)

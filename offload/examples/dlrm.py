@@ -34,7 +34,7 @@ import torch.nn as nn
 import offload
 from offload.quant.metrics import auc
 
-__all__ = ["DLRMConfig", "DLRM", "ClickData", "make_clicks", "build", "run", "DLRMResult"]
+__all__ = ["DLRMConfig", "DLRM", "ClickData", "make_clicks", "build", "run", "DLRMResult", "TorchRecDLRM", "run_torchrec"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,56 @@ class DLRM(nn.Module):
 
     def forward(self, dense: torch.Tensor, indices: Any, offsets: Any) -> torch.Tensor:
         return self.top(self.logits_input(dense, indices, offsets)).squeeze(1)
+
+
+class TorchRecDLRM(nn.Module):
+    """The same DLRM written the TorchRec way (needs the ``torchrec`` extra), with ``model``'s weights:
+    an ``EmbeddingBagCollection`` over a ``KeyedJaggedTensor`` (features ``f0..f7``), a ``.float()``
+    after each lookup, torchrec's ``MLP`` (Perceptrons calling ``torch.relu``) as the bottom, and a
+    top MLP of Linears with functional ``torch.relu`` / ``torch.sigmoid``.
+
+    ``forward(dense [B, 13], kjt)`` -> click probability [B], equal to ``model``'s.
+    """
+
+    def __init__(self, model: DLRM):
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+        from torchrec.modules.mlp import MLP as TorchRecMLP
+
+        super().__init__()
+        cfg = model.cfg
+        self.keys = [f"f{i}" for i in range(len(cfg.table_rows))]
+        self.ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t{i}", embedding_dim=cfg.dim, num_embeddings=n, feature_names=[k])
+                                                  for i, (n, k) in enumerate(zip(cfg.table_rows, self.keys))], device=torch.device("cpu"))
+        self.bottom = TorchRecMLP(cfg.num_dense, [*cfg.bottom, cfg.dim])
+        self.top = nn.ModuleList(m for m in model.top if isinstance(m, nn.Linear))
+        self.register_buffer("li", model.li.clone(), persistent=False)
+        self.register_buffer("lj", model.lj.clone(), persistent=False)
+        with torch.no_grad():
+            for i, t in enumerate(model.tables):
+                self.ebc.embedding_bags[f"t{i}"].weight.copy_(t.weight)
+            for p, lin in zip(self.bottom._mlp, [m for m in model.bottom if isinstance(m, nn.Linear)]):
+                p._linear.weight.copy_(lin.weight)
+                p._linear.bias.copy_(lin.bias)
+
+    def forward(self, dense: torch.Tensor, kjt: Any) -> torch.Tensor:
+        kt = self.ebc(kjt)
+        embs = [kt[k].float() for k in self.keys]
+        x = self.bottom(dense)
+        z = torch.stack([x] + embs, dim=1)
+        dots = torch.bmm(z, z.transpose(1, 2))
+        h = torch.cat([x, dots[:, self.li, self.lj]], dim=1)
+        for lin in self.top[:-1]:
+            h = torch.relu(lin(h))
+        return torch.sigmoid(self.top[-1](h)).squeeze(1)
+
+
+def to_kjt(data: "ClickData") -> Any:
+    """``data``'s sparse features as a ``KeyedJaggedTensor`` (keys ``f0..f7``)."""
+    from torchrec import KeyedJaggedTensor
+
+    lengths = [torch.diff(torch.cat([o, o.new_tensor([len(i)])])) for i, o in zip(data.indices, data.offsets)]
+    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f{i}" for i in range(len(lengths))], values=torch.cat(list(data.indices)),
+                                               lengths=torch.cat(lengths))
 
 
 @dataclass
@@ -233,6 +283,30 @@ def run(small: bool = False, device: str = "sim", dense_device: str = "cpu", n_e
         p_off = gm(*test.inputs)
     return DLRMResult(gm.offload_report, cmp, auc(test.labels.cpu(), p_float.cpu()), auc(test.labels.cpu(), p_off.cpu()),
                       str(p_off.device), n_eval, gm, model, test)
+
+
+def run_torchrec(small: bool = False, device: str = "sim", n_eval: int = 4096, fmt: str = "ap_fixed<16,6>", seed: int = 0,
+                 steps: int | None = None, trained: tuple[DLRM, ClickData] | None = None,
+                 ops: tuple[str, ...] = ("embedding_bag", "mlp")) -> DLRMResult:
+    """:func:`run` on :class:`TorchRecDLRM` (same trained weights): the EBC's tables and the MLP chains
+    (torchrec's MLP, functional activations) offloaded, a KeyedJaggedTensor in. ``trained``: a trained
+    DLRM and its test data (e.g. ``(res.model, res.test_data)`` of :func:`run`), instead of training one."""
+    if trained is None:
+        model, make = build(small=small, seed=seed, steps=steps)
+        test = make(n_eval, seed + 7)
+    else:
+        model, test = trained
+    trm = TorchRecDLRM(model.cpu()).eval()
+    test = test.to("cpu")
+    # MLP activations calibrated on the first 2048 impressions (the tables need no calibration).
+    calib = [(b.dense, to_kjt(b)) for b in test.batches(512)[:4]]
+    inputs = (test.dense, to_kjt(test))
+    gm = offload.offload(trm, calib[0], ops=ops, calib=calib, device=device, fmt=fmt)
+    cmp = offload.compare(trm, gm, inputs)
+    with torch.no_grad():
+        p_float = trm(*inputs)
+        p_off = gm(*inputs)
+    return DLRMResult(gm.offload_report, cmp, auc(test.labels, p_float), auc(test.labels, p_off), str(p_off.device), n_eval, gm, trm, test)
 
 
 def main() -> None:  # pragma: no cover - exercised by examples/dlrm.py and the demo

@@ -221,10 +221,34 @@ class TableBatchedEmbeddingBags(_Resident):
         y = tbe(idx, off)
     """
 
-    def __init__(self, kernel: Kernel, *, device: str | Device | None = None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, kernel: Kernel, *, device: str | Device | None = None, dtype: torch.dtype = torch.float32,
+                 bounds_check: str = "fatal") -> None:
         super().__init__(kernel, device, dtype)
-        self.mode = kernel.spec.mode
-        self.dims = [t.dim for t in kernel.spec.tables]
+        if bounds_check not in ("fatal", "warning", "ignore"):
+            raise InputError(f"bounds_check: must be 'fatal', 'warning' or 'ignore' (FBGEMM's BoundsCheckMode), got {bounds_check!r}")
+        spec = kernel.spec
+        self.mode = spec.mode
+        ftm = spec.feature_table_map if spec.feature_table_map is not None else range(spec.num_tables)
+        self.dims = [spec.tables[t].dim for t in ftm]
+        self.bounds_check = bounds_check
+        self._feature_rows = [spec.tables[t].num_rows for t in ftm]
+
+    @classmethod
+    def from_fbgemm(cls, tbe: torch.nn.Module, fmt: str = "ap_fixed<16,6>", **kw) -> "TableBatchedEmbeddingBags":
+        """From FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` (float tables, quantized to ``fmt``)
+        or ``IntNBitTableBatchedEmbeddingBagsCodegen`` (INT8 row-wise tables, loaded exactly): same
+        feature_table_map, pooling, bounds-check mode and output dtype. See :mod:`offload.nn.fbgemm`."""
+        from offload.nn.fbgemm import from_fbgemm
+
+        return from_fbgemm(cls, tbe, fmt, **kw)
+
+    @classmethod
+    def from_rowwise(cls, packed: Sequence[torch.Tensor], layout: str = "fp32_end", **kw) -> "TableBatchedEmbeddingBags":
+        """From pre-quantized int8 row-wise tables: ``layout="fp32_end"`` (torch's
+        ``embedding_bag_byte_prepack``) or ``"fp16_front"`` (FBGEMM's IntNBit rows). See :mod:`offload.nn.fbgemm`."""
+        from offload.nn.fbgemm import from_rowwise
+
+        return from_rowwise(cls, packed, layout, **kw)
 
     @classmethod
     def from_float(
@@ -262,6 +286,10 @@ class TableBatchedEmbeddingBags(_Resident):
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
         _check_dtypes(indices, offsets, per_sample_weights)
-        if per_sample_weights is not None and self.mode != "sum":
-            raise ValueError(f"per_sample_weights: only supported with mode='sum', this kernel's mode is {self.mode!r}")
+        if per_sample_weights is not None and self.mode == "max":  # FBGEMM weights sum and mean bags
+            raise ValueError(f"per_sample_weights: only supported with mode 'sum' or 'mean', this kernel's mode is {self.mode!r}")
+        if self.bounds_check != "fatal":
+            from offload.nn.fbgemm import bounds_check
+
+            indices, offsets = bounds_check(self.bounds_check, self._feature_rows, indices, offsets)
         return torch.ops.offload.embedding_lookup_tbe(self.rid, indices, offsets, per_sample_weights, self.dtype)

@@ -105,8 +105,8 @@ def _impl_single(rid, indices, offsets, per_sample_weights, dtype):
 
 def _fake(rid, indices, offsets, per_sample_weights, dtype):
     spec = get_resident(rid).kernel.spec
-    b = (offsets.shape[0] - 1) // spec.num_tables
-    return indices.new_empty((b, spec.total_dim), dtype=dtype)
+    b = (offsets.shape[0] - 1) // spec.num_features
+    return indices.new_empty((b, spec.out_dim), dtype=dtype)
 
 
 _lib.impl("embedding_lookup", _impl_single, "CompositeExplicitAutograd")

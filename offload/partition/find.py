@@ -19,6 +19,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from offload.partition import recsys
 from offload.partition.report import Decision
 
 if TYPE_CHECKING:  # state.py holds Candidate lists, so it imports this module, not the reverse
@@ -64,6 +65,8 @@ class Candidate:
 
     def describe(self) -> str:
         m = self.module
+        if self.kind in ("ebc", "tbe"):
+            return recsys.describe(self.kind, m)
         if isinstance(m, (nn.EmbeddingBag, nn.Embedding)):
             extra = f", mode={self.bag_mode}" if self.bag_mode else ""
             return f"{m.num_embeddings}x{m.embedding_dim}{extra}"
@@ -73,13 +76,36 @@ class Candidate:
         return "->".join(map(str, sizes)) + f" ({'/'.join(layers)})"
 
 
+class _Tracer(fx.Tracer):
+    """FX's tracer, keeping TorchRec's and FBGEMM's embedding modules whole (see :mod:`.recsys`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._leaves = recsys.leaf_types()
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, self._leaves) or super().is_leaf_module(m, qualname)
+
+
 def trace(model: nn.Module) -> fx.GraphModule:
-    """``torch.fx.symbolic_trace`` (raises whatever FX raises for untraceable models)."""
-    return fx.symbolic_trace(model)
+    """``torch.fx.symbolic_trace`` with TorchRec/FBGEMM embedding modules as leaves (raises whatever
+    FX raises for untraceable models)."""
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    return fx.GraphModule(tracer.root, graph, model.__class__.__name__)
 
 
 def _mlp_type(m: nn.Module) -> bool:
     return type(m) in MLP_LAYERS
+
+
+def _chain_layer(node: fx.Node, mods: dict) -> nn.Module | None:
+    """The MLP layer ``node`` computes (a copy), or None: a supported module, or a functional activation."""
+    if node.op == "call_module" and _mlp_type(mods[node.target]):
+        return copy.deepcopy(mods[node.target])
+    if node.op == "call_function" and node.target in recsys.FUNCTIONAL_ACTS and not node.kwargs:
+        return recsys.FUNCTIONAL_ACTS[node.target]()
+    return None
 
 
 def _single_input(node: fx.Node, prev: fx.Node | None = None) -> bool:
@@ -169,9 +195,20 @@ def find_candidates(gm: fx.GraphModule, ops: tuple[str, ...] = OPS) -> tuple[lis
             cands.append(Candidate("embedding_bag", [node], bag, [str(fa["weight"].target)],
                                    functional=True, bag_mode=bag.mode, per_sample_weights=fa.get("per_sample_weights") is not None))
             continue
+        if node.op == "call_function" and recsys.op_reason(node.target):
+            skipped.append(Skipped(node, "fbgemm_op", recsys.op_reason(node.target)))
+            continue
         if node.op != "call_module":
             continue
         mod = mods[node.target]
+        kind, why = recsys.module_kind(mod)
+        if kind is not None:
+            if "embedding_bag" in ops:
+                cands.append(Candidate(kind, [node], mod, [node.target]))
+            continue
+        if why:
+            skipped.append(Skipped(node, type(mod).__name__, why, mod))
+            continue
         if isinstance(mod, nn.EmbeddingBag):
             if "embedding_bag" in ops:
                 psw = len(node.args) > 2 or node.kwargs.get("per_sample_weights") is not None
@@ -186,16 +223,19 @@ def find_candidates(gm: fx.GraphModule, ops: tuple[str, ...] = OPS) -> tuple[lis
                 skipped.append(Skipped(node, "mlp", "Linear called with more than one input", mod))
                 continue
             chain = [node]
+            layers = [copy.deepcopy(mod)]
             cur = node
             while len(cur.users) == 1:
                 nxt = next(iter(cur.users))
-                if nxt.op != "call_module" or not _mlp_type(mods[nxt.target]) or not _single_input(nxt, cur):
+                layer = _chain_layer(nxt, mods) if _single_input(nxt, cur) else None
+                if layer is None:
                     break
                 chain.append(nxt)
+                layers.append(layer)
                 cur = nxt
             used.update(chain)
-            seq = nn.Sequential(*[copy.deepcopy(mods[n.target]) for n in chain]).eval()
-            cands.append(Candidate("mlp", chain, seq, [n.target for n in chain]))
+            seq = nn.Sequential(*layers).eval()
+            cands.append(Candidate("mlp", chain, seq, [n.target if n.op == "call_module" else n.target.__name__ for n in chain]))
             continue
         if not _mlp_type(mod):
             skipped.append(Skipped(node, type(mod).__name__, f"no offload kernel for {type(mod).__name__}", mod))
@@ -215,5 +255,5 @@ def apply(st: State) -> None:
         st.decisions[c.name] = Decision(c.name, c.kind, ",".join(c.targets), c.describe(), False, "")
         st.report.decisions.append(st.decisions[c.name])
     for s in st.skipped:
-        target = str(s.node.target) if s.node.op == "call_module" else "F." + s.node.target.__name__  # only F.embedding_bag calls are skipped
+        target = str(s.node.target) if s.node.op == "call_module" or s.kind == "fbgemm_op" else "F." + s.node.target.__name__
         st.report.decisions.append(Decision(s.node.name, s.kind, target, "", False, s.reason))

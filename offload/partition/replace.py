@@ -19,9 +19,10 @@ import torch.nn as nn
 from offload.host import Device
 from offload.host.bundle import KernelSource
 from offload.nn import MLP, Embedding, EmbeddingBag, TableBatchedEmbeddingBags
+from offload.partition import recsys
 from offload.partition.budget import table_bytes
 from offload.partition.find import Candidate, bag_inputs, functional_args
-from offload.partition.group import graph_positions
+from offload.partition.group import graph_positions, hoistable
 from offload.partition.state import TABLE_KINDS, State, table_key
 from offload.sim.errors import OffloadError
 
@@ -124,6 +125,13 @@ def _replace_batched(gm: fx.GraphModule, group: list[Candidate], name: str) -> l
     flat: list[Any] = []
     for c in group:
         flat.extend(bag_inputs(c))
+    # Items of forward arguments move up to just after the arguments (see group.hoistable).
+    last_arg = [n for n in g.nodes if n.op == "placeholder"][-1]
+    for a in flat:
+        if hoistable(a) and pos[a] > pos[last_arg]:
+            last_arg.append(a)
+            last_arg = a
+    pos = graph_positions(gm)
     anchors = [a for a in flat if isinstance(a, fx.Node)]
     anchor = max(anchors, key=lambda a: pos[a])
     with g.inserting_after(anchor):
@@ -174,6 +182,10 @@ def _build(st: State, c: Candidate, name: str) -> tuple[nn.Module | None, str]:
         return build_bag(c.module, st.fmt, st.device, name), f"{st.fmt} table on {st.report.device}"
     if c.kind == "embedding":
         return build_embedding(c.module, st.fmt, st.device, name), f"{st.fmt} table on {st.report.device}"
+    if c.kind in ("ebc", "tbe"):
+        new = recsys.build(c.kind, c.module, st.fmt, st.device, name)
+        calls = len(new.tbes) if c.kind == "ebc" else 1
+        return new, f"all tables in {calls} table-batched call(s) on {st.report.device}"
     if c.name not in st.recorded:
         return None, "MLP input was not a tensor on the calibration batches"
     new = build_mlp(c.module, st.recorded[c.name], st.precision, st.reuse_factor, st.device, name)

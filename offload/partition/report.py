@@ -14,6 +14,7 @@ import torch.nn as nn
 from rich.table import Table
 
 from offload.hls.cards import Card
+from offload.partition import recsys
 from offload.render import RichReport
 
 __all__ = ["Decision", "OffloadReport", "untraceable"]
@@ -97,7 +98,15 @@ def untraceable(model: nn.Module, err: Exception, device: Any, card: Card) -> nn
     """``model`` unchanged, with a report keeping every embedding and Linear on the host because of ``err``."""
     report = OffloadReport(traced=False, device=str(device), card=card.name)
     why = f"model not traceable by torch.fx: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+    inside: list[str] = []  # TorchRec/FBGEMM modules get one row each, not one per table inside them
     for qual, m in model.named_modules():
+        if any(qual.startswith(p + ".") for p in inside):
+            continue
+        rk, rwhy = recsys.module_kind(m)
+        if rk or rwhy:
+            inside.append(qual)
+            report.decisions.append(Decision(qual, rk or type(m).__name__, qual, "", False, why + (f"; {rwhy}" if rwhy else "")))
+            continue
         kind = "embedding_bag" if isinstance(m, nn.EmbeddingBag) else "embedding" if isinstance(m, nn.Embedding) else "mlp" if isinstance(m, nn.Linear) else None
         if kind:
             report.decisions.append(Decision(qual, kind, qual, "", False, why))

@@ -75,12 +75,13 @@ def test_bad_dtypes_and_weights(loaded):
         dev.run(h, _with(good, per_sample_weights=np.ones(5, np.int64)))
 
 
-def test_weights_outside_sum_mode_rejected_by_kernel():
+def test_weights_in_max_mode_rejected_by_kernel():
+    # FBGEMM's TBE weights sum and mean bags (the kernel follows it); max has no weighted form.
     spec = make_spec([TableSpec("t", 4, 2, "ap_fixed<8,3>")], mode="max", max_bag_size=3)
     kernel = make_kernel("k", spec, [np.zeros((4, 2))])
     dev = open_device("sim")
     h = dev.load(kernel)
-    with pytest.raises(ValueError, match="only supported in mode 'sum'"):
+    with pytest.raises(ValueError, match="only supported in modes 'sum' and 'mean'"):
         dev.run(h, {"indices": np.array([0, 1]), "offsets": np.array([0, 2]), "per_sample_weights": np.array([1, 1])})
 
 

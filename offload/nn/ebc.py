@@ -1,0 +1,135 @@
+"""TorchRec users: ``offload.nn.EmbeddingBagCollection``, a ``KeyedJaggedTensor`` in and a
+``KeyedTensor`` out like ``torchrec.EmbeddingBagCollection``, its tables in table-batched kernels
+(one per pooling mode, so one device call each), shared tables (several features on one table)
+stored once through the kernel's ``feature_table_map``.
+
+``from_torchrec(ebc)`` takes a float ``torchrec.EmbeddingBagCollection`` (tables quantized to
+``fmt``) or a quantized ``torchrec.quant.EmbeddingBagCollection`` (its IntNBit TBEs' INT8 row-wise
+tables loaded exactly, see :mod:`offload.nn.fbgemm`). Output keys and their order are the source
+module's (torchrec 1.8: ``_embedding_names``); the input KJT's keys may come in any order.
+
+Example::
+
+    ebc = torchrec.EmbeddingBagCollection(tables=[EmbeddingBagConfig(...), ...], device=torch.device("cpu"))
+    m = offload.nn.EmbeddingBagCollection.from_torchrec(ebc, fmt="ap_fixed<16,6>")
+    kt = m(kjt)                          # KeyedTensor, same keys and layout as ebc(kjt)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from offload.host import Device
+from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, default_acc_type
+from offload.nn.embedding import TableBatchedEmbeddingBags, _make_kernel, _table_spec
+from offload.sim.errors import FormatError, InputError
+
+__all__ = ["EmbeddingBagCollection"]
+
+# torchrec.modules.embedding_configs.PoolingType names -> offload modes.
+_POOLING = {"SUM": "sum", "MEAN": "mean"}
+
+
+class EmbeddingBagCollection(torch.nn.Module):
+    """Groups of features, each group one :class:`TableBatchedEmbeddingBags`; ``forward(kjt)``
+    returns a ``torchrec.KeyedTensor`` with ``keys`` (one per feature) of widths ``dims``."""
+
+    def __init__(self, groups: Sequence[tuple[TableBatchedEmbeddingBags, Sequence[str]]], keys: Sequence[str], *, is_weighted: bool = False,
+                 weighted_mean: bool = True) -> None:
+        super().__init__()
+        self.tbes = torch.nn.ModuleList([g for g, _ in groups])
+        self.group_features = [list(f) for _, f in groups]
+        order = [f for fs in self.group_features for f in fs]
+        if sorted(order) != sorted(keys) or len(set(keys)) != len(keys):
+            raise InputError(f"keys: must name each grouped feature once, got {list(keys)} for {order}")
+        for tbe, fs in zip(self.tbes, self.group_features):
+            if len(tbe.dims) != len(fs):
+                raise InputError(f"groups: a kernel with {len(tbe.dims)} features was given {len(fs)} names")
+        width = {f: d for tbe, fs in zip(self.tbes, self.group_features) for f, d in zip(fs, tbe.dims)}
+        self.keys = list(keys)
+        self.dims = [width[k] for k in self.keys]
+        self.is_weighted = bool(is_weighted)
+        # torchrec's float EBC pools with torch.nn.EmbeddingBag, which refuses weighted means
+        # (NotImplementedError); its quantized EBC (FBGEMM) weights them. Each source's behaviour is kept.
+        self.weighted_mean = bool(weighted_mean)
+        # Columns of the groups' concatenated output, in key order (None when that order is already it).
+        start, col = {}, 0
+        for f in order:
+            start[f] = col
+            col += width[f]
+        perm = [c for k in self.keys for c in range(start[k], start[k] + width[k])]
+        self._perm = None if perm == list(range(col)) else torch.tensor(perm, dtype=torch.int64)
+
+    @classmethod
+    def from_torchrec(cls, ebc: torch.nn.Module, fmt: str = "ap_fixed<16,6>", *, max_bag_size: int = 256,
+                      weight_type: str = DEFAULT_WEIGHT_TYPE, device: str | Device | None = None,
+                      dtype: torch.dtype = torch.float32) -> "EmbeddingBagCollection":
+        """From ``torchrec.EmbeddingBagCollection`` (tables quantized to ``fmt``) or
+        ``torchrec.quant.EmbeddingBagCollection`` (INT8 row-wise tables loaded exactly; ``fmt`` unused)."""
+        import torchrec
+        from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEBC
+
+        if isinstance(ebc, QuantEBC):
+            return cls._from_quant(ebc, max_bag_size=max_bag_size, weight_type=weight_type, device=device)
+        if not isinstance(ebc, torchrec.EmbeddingBagCollection):
+            raise TypeError(f"ebc: expected a torchrec EmbeddingBagCollection (float or quantized), got {type(ebc).__name__}")
+        by_mode: dict[str, list] = {}
+        for cfg in ebc.embedding_bag_configs():
+            mode = _POOLING.get(cfg.pooling.name)
+            if mode is None:
+                raise FormatError(f"table {cfg.name!r}: pooling {cfg.pooling.name}; offload pools SUM or MEAN")
+            by_mode.setdefault(mode, []).append(cfg)
+        groups = []
+        for mode, cfgs in by_mode.items():
+            bags = [ebc.embedding_bags[c.name] for c in cfgs]
+            tables = [_table_spec(c.name, b.weight, fmt, None) for c, b in zip(cfgs, bags)]
+            ftm = [t for t, c in enumerate(cfgs) for _ in c.feature_names]
+            acc = default_acc_type(tables, "sum", max_bag_size, weight_type) if mode == "mean" and ebc.is_weighted() else None
+            kernel = _make_kernel(f"ebc_{mode}", tables, [b.weight for b in bags], mode=mode, max_bag_size=max_bag_size,
+                                  weight_type=weight_type, acc_type=acc,
+                                  feature_table_map=None if ftm == list(range(len(cfgs))) else ftm)
+            features = [f for c in cfgs for f in c.feature_names]
+            groups.append((TableBatchedEmbeddingBags(kernel, device=device, dtype=dtype), features))
+        return cls(groups, list(ebc._embedding_names), is_weighted=ebc.is_weighted(), weighted_mean=False)
+
+    @classmethod
+    def _from_quant(cls, qebc, *, max_bag_size: int, weight_type: str, device) -> "EmbeddingBagCollection":
+        from offload.nn.fbgemm import from_fbgemm
+
+        # torchrec/quant/embedding_modules.py (1.8): one IntNBit TBE per (pooling, virtual table) key,
+        # its features in _feature_names order, split by _feature_splits; output keys _embedding_names.
+        groups, pos = [], 0
+        for i, (tbe, n) in enumerate(zip(qebc._emb_modules, qebc._feature_splits)):
+            groups.append((from_fbgemm(TableBatchedEmbeddingBags, tbe, max_bag_size=max_bag_size, weight_type=weight_type,
+                                       device=device, name=f"qebc{i}"), qebc._feature_names[pos:pos + n]))
+            pos += n
+        return cls(groups, list(qebc._embedding_names), is_weighted=qebc.is_weighted())
+
+    def forward(self, features):
+        """``features``: a ``KeyedJaggedTensor`` holding at least this collection's features (any
+        key order, one stride); returns a ``KeyedTensor`` (``B x sum(dims)``, ``key_dim=1``)."""
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        have = features.keys()
+        missing = [f for f in self.keys if f not in have]
+        if missing:
+            raise InputError(f"features: the KeyedJaggedTensor lacks {missing} (it has {have})")
+        if self.is_weighted and features.weights_or_none() is None:
+            raise InputError("features: this collection is weighted; the KeyedJaggedTensor has no weights")
+        if self.is_weighted and not self.weighted_mean and any(t.mode == "mean" for t in self.tbes):
+            raise NotImplementedError("per_sample_weights: only supported with SUM pooling in this (float torchrec) collection, "
+                                      "as torch.nn.EmbeddingBag; a MEAN table was given weighted features")
+        jts = features.to_dict()
+        outs = []
+        for tbe, fs in zip(self.tbes, self.group_features):
+            values = [jts[f].values() for f in fs]
+            lengths = torch.cat([jts[f].lengths() for f in fs]).to(torch.int64)
+            offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+            psw = torch.cat([jts[f].weights() for f in fs]) if self.is_weighted else None
+            outs.append(tbe(torch.cat(values), offsets, psw))
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        if self._perm is not None:
+            y = y.index_select(1, self._perm.to(y.device))
+        return KeyedTensor(keys=list(self.keys), length_per_key=list(self.dims), values=y, key_dim=1)
