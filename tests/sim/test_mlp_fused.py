@@ -261,3 +261,24 @@ def test_device_load_warms_the_kernel(monkeypatch):
         y = dev.run(h, {"x": x})["y"]
     assert np.array_equal(y, _general(spec.input_type, spec.layers, spec.tensors(), x, monkeypatch))
     dev.close()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("seed", [11, 12])  # saturating and wrapping accumulators, batchnorm, leaky_relu
+def test_fused_matches_hls4ml_directly(seed, tmp_path):
+    """The program against hls4ml's compiled C-simulation itself, batch and batch 1."""
+    from offload.hls.mlp import build_model
+
+    spec, floats = random_spec(seed)
+    tensors = spec.tensors()
+    x = _inputs(np.random.default_rng(seed), 5000, spec.n_features, spec.input_type)
+    prog = fused.program_for(spec.input_type, spec.layers, tensors)
+    y = prog.run(x)
+    assert y is not None
+    model = build_model(spec, tmp_path, float_weights=floats)
+    model.compile()
+    want = np.asarray(model.predict(np.ascontiguousarray(x))).reshape(len(x), -1)
+    assert np.array_equal(y, want), f"{int((y != want).sum())} mismatches"
+    for i in range(0, 5000, 499):
+        assert np.array_equal(prog.run(x[i : i + 1]), want[i : i + 1])
