@@ -2,7 +2,8 @@
 
 One model (32-64-32-1: Linear, ReLU, Linear, ReLU, Linear, Sigmoid), one process, the same rows
 for every contender, for each precision: ``auto`` (types calibrated on data), ``ap_fixed<16,6>``
-and ``ap_fixed<10,4>`` everywhere (accumulators that round, and wrap, every product). For each
+and ``ap_fixed<10,4>`` everywhere (accumulators that round, and wrap, every product), and
+``ap_fixed<16,6,AP_RND_CONV,AP_SAT>`` (round half to even and saturate every product and every sum). For each
 batch size it reports rows per second of ``offload.sim.mlp.simulate`` (what the sim device runs,
 on the device's read-only resident copies; ``MLP.simulate`` adds its input check) and of
 hls4ml's ``predict`` on the compiled project of the same types, measured interleaved, best of
@@ -73,7 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20000, help="rows checked, and the largest batch timed")
     ap.add_argument("--batches", default="1,64", help="smaller batch sizes timed (comma-separated)")
-    ap.add_argument("--precisions", default="auto;ap_fixed<16,6>;ap_fixed<10,4>", help="';'-separated")
+    ap.add_argument("--precisions", default="auto;ap_fixed<16,6>;ap_fixed<10,4>;ap_fixed<16,6,AP_RND_CONV,AP_SAT>", help="';'-separated")
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",") if b] + [args.rows]

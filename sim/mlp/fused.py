@@ -253,6 +253,11 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
 
 
 def _dense(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put) -> tuple[int, int]:
+    """A dense record: the weights (pre-shifted onto the accumulator grid where no product is
+    rounded), the bias in accum_t, the product rounding (K0..K4), the accumulator's own fit (A) and
+    the cast into result_t (B). The loop follows from the bounds: an exact accumulation (no
+    rounding, no fit: what a strategy that ignores accum_t computes) is ``_D_PLAIN`` with A's fit
+    ``_FIT_NONE`` and B cast from the exact sum's grid."""
     wt, at, rt = _ftype(layer.weight), _ftype(layer.accum), _ftype(layer.result)
     for tt in (wt, at, rt) + ((_ftype(layer.bias),) if layer.use_bias else ()):
         _type_ok(tt)
