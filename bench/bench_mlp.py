@@ -111,10 +111,12 @@ def main() -> None:
             fused_on = fused.program_for(spec.input_type, spec.layers, tensors) is not None
             for b in batches:
                 rows = np.ascontiguousarray(x[:b])
-                (cs, ws), (ch, wh) = _best([lambda: simulate(spec.input_type, spec.layers, tensors, rows), lambda: h.predict(rows)], args.repeats)
+                contenders = [lambda: simulate(spec.input_type, spec.layers, tensors, rows), lambda: h.predict(rows)]
+                (cs, ws), (ch, wh) = _best(contenders, args.repeats)
                 notes = ""
                 if b == batches[0]:
-                    notes = f"mismatches vs hls4ml: {mismatches}; == general path and MLP.simulate: {same_general}; fused: {fused_on}; hls4ml compile {compile_s:.0f} s"
+                    notes = (f"mismatches vs hls4ml: {mismatches}; == general path and MLP.simulate: {same_general}; "
+                             f"fused: {fused_on}; hls4ml compile {compile_s:.0f} s")
                 if b == args.rows:
                     ((cg, _),) = _best([lambda: general(rows)], 2)
                     with torch.no_grad():

@@ -236,7 +236,8 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
         t = _ftype(layer.result)
     head[_H_WIDE] = wide
     arrays = []
-    for name in sorted(n for layer in layers for n in (f"{layer.name}.weight", f"{layer.name}.bias", f"{layer.name}.scale") if n in tensors):
+    names = (f"{layer.name}.{role}" for layer in layers for role in ("weight", "bias", "scale"))
+    for name in sorted(n for n in names if n in tensors):
         a = tensors[name]
         if not isinstance(a, np.ndarray):
             raise _Unsupported(f"{name} is not an ndarray")

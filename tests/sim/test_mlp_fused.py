@@ -168,7 +168,8 @@ def test_table_edges_and_input_ties(monkeypatch):
     rng = np.random.default_rng(3)
     for op, n, it, tt in [("sigmoid", 1024, "ap_fixed<16,6>", "ap_fixed<18,8>"), ("tanh", 1000, "ap_fixed<12,8>", "ap_ufixed<10,1>"),
                           ("sigmoid", 3, "ap_fixed<8,10>", "ap_fixed<10,2,AP_RND,AP_SAT>"),
-                          ("tanh", 2047, "ap_fixed<20,4,AP_RND_CONV>", "ap_fixed<14,2>"), ("sigmoid", 700, "ap_fixed<10,12,AP_RND_INF>", "ap_fixed<9,1>")]:
+                          ("tanh", 2047, "ap_fixed<20,4,AP_RND_CONV>", "ap_fixed<14,2>"),
+                          ("sigmoid", 700, "ap_fixed<10,12,AP_RND_INF>", "ap_fixed<9,1>")]:
         t = FixedType.parse(it)
         span = 16 if op == "sigmoid" else 8
         edges = np.array([-span / 2, span / 2, 0.0])[:, None] + np.arange(-3, 4)[None, :] * t.lsb
