@@ -1,31 +1,39 @@
-"""Benchmark: the bit-exact MLP simulator against hls4ml's C-simulation and the float torch model.
+"""Benchmark: the bit-exact MLP simulator against hls4ml's C-simulation (and the float torch model).
 
 One model (32-64-32-1: Linear, ReLU, Linear, ReLU, Linear, Sigmoid), one process, the same rows
-for every contender. Reports rows per second of ``MLP.simulate`` (the sim device's reference),
-of hls4ml's ``predict`` on the compiled project of the same types, and of the float torch model,
-as ratios; plus the simulator's batch-1 and batch-8 latency. "general path" is the simulator
-without its compiled per-call plan (``forward`` layer by layer, what ``simulate`` ran before the
-plan existed), measured in the same process. Also checks the simulator equals hls4ml on every row
-(a benchmark of a wrong simulator is worthless).
+for every contender, for each precision: ``auto`` (types calibrated on data), ``ap_fixed<16,6>``
+and ``ap_fixed<10,4>`` everywhere (accumulators that round, and wrap, every product), and
+``ap_fixed<16,6,AP_RND_CONV,AP_SAT>`` (round half to even and saturate every product and every sum). For each
+batch size it reports rows per second of ``offload.sim.mlp.simulate`` (what the sim device runs,
+on the device's read-only resident copies; ``MLP.simulate`` adds its input check) and of
+hls4ml's ``predict`` on the compiled project of the same types, measured interleaved, best of
+``--repeats``, in process CPU time (both are single-threaded, so on a shared machine CPU time is
+what each costs; time-slicing by other processes would otherwise decide the ratio) and in wall
+time. At the largest batch it adds the simulator's general NumPy path (``forward`` layer by
+layer) and torch float32 (1 thread). It first checks that the simulator equals hls4ml on every row
+and the general path (a benchmark of a wrong simulator is worthless), and reports the JIT
+seconds (numba's disk cache when warm) and the machine's load before and after.
 
 Run::
 
-    .venv/bin/python bench/bench_mlp.py [--rows 20000] [--precision auto|'ap_fixed<16,6>']
+    .venv/bin/python bench/bench_mlp.py [--rows 20000] [--batches 1,64] [--precisions 'auto;ap_fixed<16,6>;ap_fixed<10,4>']
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import torch
 
 import offload
+from offload.kernels.registry import Kernel, resident_copy
 from offload.sim.fixed import FixedType
-from offload.sim.mlp import forward
+from offload.sim.mlp import forward, fused, simulate
 
 
 def _model(seed: int = 0) -> torch.nn.Sequential:
@@ -36,68 +44,86 @@ def _model(seed: int = 0) -> torch.nn.Sequential:
     ).eval()
 
 
-def _rate(fn, rows: int, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def _per_call(fn, min_time: float = 0.05) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) per call, over enough calls to last ``min_time``."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    n = max(1, int(min_time / max(time.perf_counter() - t0, 1e-7)))
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(n):
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return rows / best
+    return (time.process_time() - c0) / n, (time.perf_counter() - w0) / n
+
+
+def _best(fns, repeats: int) -> list[tuple[float, float]]:
+    """Best (CPU, wall) per call of each function, the functions measured in turn ``repeats`` times."""
+    best = [(float("inf"), float("inf"))] * len(fns)
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            c, w = _per_call(fn)
+            best[k] = (min(best[k][0], c), min(best[k][1], w))
+    return best
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=20000)
-    ap.add_argument("--precision", default="auto")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=20000, help="rows checked, and the largest batch timed")
+    ap.add_argument("--batches", default="1,64", help="smaller batch sizes timed (comma-separated)")
+    ap.add_argument("--precisions", default="auto;ap_fixed<16,6>;ap_fixed<10,4>;ap_fixed<16,6,AP_RND_CONV,AP_SAT>", help="';'-separated")
+    ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",") if b] + [args.rows]
     rng = np.random.default_rng(0)
     seq = _model()
     calib = rng.normal(size=(4000, 32))
     x = rng.normal(size=(args.rows, 32)) * 1.5
-    mlp = offload.nn.MLP.from_float(seq, calib=calib, precision=args.precision)
-    with tempfile.TemporaryDirectory() as d:
-        h = mlp.to_hls4ml(d)
-        t0 = time.perf_counter()
-        h.compile()
-        compile_s = time.perf_counter() - t0
-        y_hls = np.asarray(h.predict(x)).reshape(args.rows, -1)
-        y_sim = mlp.simulate(x)
-        mismatches = int((y_hls != y_sim).sum())
-        r_hls = _rate(lambda: h.predict(x), args.rows, args.repeats)
-    spec, tensors = mlp.spec, mlp._tensors
-    out_t = FixedType.parse(spec.output_type)
-
-    def general(rows):
-        return out_t.to_float(forward(spec.input_type, spec.layers, tensors, rows))
-
-    assert np.array_equal(general(x), y_sim)
-    # Interleaved, best of each: the machine is shared and BLAS threads make single passes noisy.
-    r_sim, r_gen = 0.0, 0.0
-    for _ in range(args.repeats):
-        r_sim = max(r_sim, _rate(lambda: mlp.simulate(x), args.rows, 1))
-        r_gen = max(r_gen, _rate(lambda: general(x), args.rows, 1))
     xt = torch.from_numpy(x).float()
-    with torch.no_grad():
-        r_torch = _rate(lambda: seq(xt), args.rows, args.repeats)
-
-    def latency(fn, rows):
-        lat = []
-        for _ in range(600):
+    torch.set_num_threads(1)
+    print(f"# model 32-64-32-1, rows={args.rows}, 1 thread each; load {_load()}  {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    jit = fused.warm_up()
+    print(f"# JIT {jit:.2f} s (numba's disk cache when warm)")
+    print("| precision | batch | simulate rows/s (CPU) | hls4ml rows/s (CPU) | simulate / hls4ml, CPU | same, wall | notes |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for precision in args.precisions.split(";"):
+        mlp = offload.nn.MLP.from_float(seq, calib=calib, precision=precision)
+        spec = mlp.spec
+        tensors = resident_copy(Kernel("m", spec, spec.tensors())).tensors  # the sim device's copies
+        with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            h = mlp.to_hls4ml(d)
             t0 = time.perf_counter()
-            fn(rows)
-            lat.append(time.perf_counter() - t0)
-        return statistics.median(lat) * 1e6, float(np.percentile(lat, 99)) * 1e6
+            h.compile()
+            compile_s = time.perf_counter() - t0
+            y_hls = np.asarray(h.predict(x)).reshape(args.rows, -1)
+            y_sim = simulate(spec.input_type, spec.layers, tensors, x)
+            mismatches = int((y_hls != y_sim).sum())
+            out_t = FixedType.parse(spec.output_type)
 
-    print(f"model 32-64-32-1, precision={args.precision}, rows={args.rows}, hls4ml compile {compile_s:.1f} s")
-    print(f"mismatches simulate vs hls4ml predict: {mismatches}")
-    print(f"simulator       : {r_sim:12.0f} rows/s   (general path {r_gen:.0f} rows/s, {r_sim / r_gen:.2f}x)")
-    print(f"hls4ml predict  : {r_hls:12.0f} rows/s   simulator / hls4ml = {r_sim / r_hls:.1f}x")
-    print(f"torch float     : {r_torch:12.0f} rows/s   simulator / torch  = {r_sim / r_torch:.3f}x")
-    for b in (1, 8):
-        rows = x[:b]
-        (m, p), (gm, gp) = latency(mlp.simulate, rows), latency(general, rows)
-        print(f"simulator batch-{b} latency: median {m:.0f} us, p99 {p:.0f} us;  general path {gm:.0f} / {gp:.0f} us ({gm / m:.1f}x)")
+            def general(rows):
+                return out_t.to_float(forward(spec.input_type, spec.layers, tensors, rows))
+
+            same_general = bool(np.array_equal(general(x), y_sim)) and np.array_equal(mlp.simulate(x), y_sim)
+            fused_on = fused.program_for(spec.input_type, spec.layers, tensors) is not None
+            for b in batches:
+                rows = np.ascontiguousarray(x[:b])
+                contenders = [lambda: simulate(spec.input_type, spec.layers, tensors, rows), lambda: h.predict(rows)]
+                (cs, ws), (ch, wh) = _best(contenders, args.repeats)
+                notes = ""
+                if b == batches[0]:
+                    notes = (f"mismatches vs hls4ml: {mismatches}; == general path and MLP.simulate: {same_general}; "
+                             f"fused: {fused_on}; hls4ml compile {compile_s:.0f} s")
+                if b == args.rows:
+                    ((cg, _),) = _best([lambda: general(rows)], 2)
+                    with torch.no_grad():
+                        ((ct, _),) = _best([lambda: seq(xt)], 3)
+                    notes = f"general path {b / cg:.3g} rows/s (simulate {cg / cs:.1f}x that); torch float {b / ct:.3g} rows/s"
+                print(f"| {precision} | {b} | {b / cs:.3g} | {b / ch:.3g} | {ch / cs:.1f}x | {wh / ws:.1f}x | {notes} |", flush=True)
+    print(f"# load after: {_load()}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The ``sim`` device: the bit-exact reference models behind the device protocol.
 
-A kind with a fast path (``KernelKind.prepare`` / ``run_checked``: the embedding kind's fused
-compiled code, bit-identical to its NumPy reference) gets its resident arrays laid out and its code
+A kind with a fast path (``KernelKind.prepare`` / ``run_checked``: the embedding kind's and the
+mlp kind's fused compiled code, bit-identical to their NumPy references) gets its resident arrays laid out and its code
 compiled at ``load()``, so no request pays the JIT; the seconds are in ``info().details["jit_s"]``.
 """
 

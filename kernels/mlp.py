@@ -293,4 +293,16 @@ def golden_inputs(spec: MlpSpec, rng: np.random.Generator, case: int) -> dict[st
     return {"x": x}
 
 
-KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs, tensor_shapes=MlpSpec.tensor_shapes))
+def prepare(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    """The resident arrays unchanged, with the simulator's fused program built for them and its
+    kernel compiled (or loaded from numba's disk cache), so no request pays the JIT."""
+    from offload.sim.mlp import fused
+
+    out = dict(tensors)
+    jit = fused.warm_up()
+    fused.program_for(spec.input_type, spec.layers, out)  # the device passes this same mapping
+    return out, jit
+
+
+KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,
+                                tensor_shapes=MlpSpec.tensor_shapes, prepare=prepare))

@@ -141,7 +141,11 @@ class MLP(torch.nn.Module):
         self.kernel_name = name
         self._float_layers = layers
         self.report = report
-        self._tensors = spec.tensors()
+        # Read-only arrays that own their memory: simulate()'s compiled program then takes them as
+        # constant instead of comparing them with a snapshot on every call.
+        self._tensors = {k: np.array(v, copy=True) for k, v in spec.tensors().items()}
+        for v in self._tensors.values():
+            v.setflags(write=False)
         # Resident once, on the active device (or ``device``); the op only carries the id.
         self._res = make_resident(self.offload_kernels()[0], device)
         self.rid: int = self._res.id

@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from offload.sim.mlp import datapath
+from offload.sim.mlp import datapath, fused
 from offload.sim.mlp.datapath import OPS, MlpLayer, _ftype, activation_table, forward, quantize_like_hls4ml
 from offload.sim.mlp.plan import PLAN_MAX_ROWS, plan_for
 
@@ -56,22 +56,32 @@ __all__ = [
 def simulate(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """Float64 outputs [B, n_out], bit for bit what hls4ml's C-simulation ``predict`` returns.
 
-    Small batches run the compiled plan of ``(layers, tensors)`` (built at the first call, reused
-    while the same tuple and arrays are passed) when the rows allow it; the rest run :func:`forward`.
+    The fused compiled program of ``(layers, tensors)`` (:mod:`offload.sim.mlp.fused`; built at
+    the first call, reused while the same tuple and arrays are passed) runs every batch it can;
+    where it cannot (numba missing, a type outside its int64 bounds), small batches run the NumPy
+    plan (:mod:`offload.sim.mlp.plan`) and the rest :func:`forward`. Inputs it cannot quantize
+    exactly in float (|x * 2**F| >= 2**62, inf, NaN) take :func:`forward` too.
     """
     if (
         datapath._FAST_DENSE
         and isinstance(x, np.ndarray)
         and x.ndim == 2
-        and 0 < x.shape[0] <= PLAN_MAX_ROWS
+        and x.shape[0] > 0
         and layers
         and x.shape[1] == layers[0].n_in
     ):
-        plan = plan_for(input_type, layers, tensors)
-        if plan is not None:
-            y = plan.run(x if x.dtype == np.float64 else x.astype(np.float64))
+        xf = x if x.dtype == np.float64 else x.astype(np.float64)
+        prog = fused.program_for(input_type, layers, tensors)
+        if prog is not None:
+            y = prog.run(xf)
             if y is not None:
                 return y
+        elif x.shape[0] <= PLAN_MAX_ROWS:
+            plan = plan_for(input_type, layers, tensors)
+            if plan is not None:
+                y = plan.run(xf)
+                if y is not None:
+                    return y
     raw = forward(input_type, layers, tensors, x)
     last = _ftype(layers[-1].result if layers else input_type)
     return last.to_float(raw)

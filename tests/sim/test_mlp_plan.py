@@ -28,11 +28,13 @@ def _general(spec, tensors, x, monkeypatch) -> np.ndarray:
 
 
 def _planned(spec, tensors, x, monkeypatch) -> np.ndarray:
-    """simulate() with forward() made to fail: the call must take the plan."""
+    """simulate() with the fused program out of the way (as where numba is missing or the model
+    leaves its bounds) and forward() made to fail: the call must take the plan."""
     def no_forward(*a, **k):
         raise AssertionError("simulate() took the general path")
 
     with monkeypatch.context() as m:
+        m.setattr(simmlp.fused, "program_for", lambda *a: None)
         m.setattr(simmlp, "forward", no_forward)
         return simmlp.simulate(spec.input_type, spec.layers, tensors, x)
 

@@ -1,0 +1,670 @@
+"""The fused, compiled MLP datapath: every layer of one row in one numba call, bit-identical to
+:func:`offload.sim.mlp.datapath.forward` (the NumPy reference, which stays the oracle in
+``tests/sim/test_mlp_fused.py``).
+
+Why: accumulators that round or saturate every product (``ap_fixed<16,6>`` everywhere) cannot be
+folded into one GEMM; NumPy then materialises a B x n_in x n_out product array and walks it with
+four or five passes. Here each product is rounded, fitted and accumulated in registers, vectorised
+across the layer's outputs.
+
+Why numba and not a g++-built helper: the same reasons as :mod:`offload.sim.embedding_fused`
+(no compiler needed where the wheel is installed, machine code cached on disk with
+``cache=True``, one Python source); and one signature serves every model: a spec becomes a
+:class:`Program` (an int64 instruction vector, the weights and tables as one int64 array each), so
+the kernel compiles once per machine, never per model.
+
+Integer arithmetic throughout. Every cast ``T dst = (T)src`` (product into ``accum_t``, ``accum_t``
+into ``result_t``, ...) is one branch-free rounding step and one fit::
+
+    v <<= ls;  q = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s;  fit(q)
+
+``c0`` / ``c1`` / ``conv`` encode the seven quantization modes (floor of ``v / 2**s`` plus a bias:
+``2**(s-1)`` for ties up, ``2**(s-1) - 1`` for ties down, the sign or the parity of the floor to
+pick the others). Building a program bounds every intermediate value from the types' ranges and the
+weights (as :mod:`offload.sim.mlp.plan` does) and drops fits that can never trigger; a layer whose
+bounds leave int64 (``W > 62``, ``ap_int`` targets, ``AP_WRAP`` with saturation bits, a table
+index past 62 bits) makes the whole model unsupported: :func:`program_for` returns None and
+``simulate`` takes the NumPy plan or ``forward`` (same results, their speed).
+
+Dense layers run one of four inner loops: ``plain`` (products exact on the accumulator grid, no
+partial sum can leave it: one exact dot product, shifted once), ``rounded`` (each product rounded,
+the sum provably in range, or wrapped once at the end: wrapping every product and every partial sum
+into W bits is the total modulo 2**W), ``sat`` (``AP_SAT`` / ``AP_SAT_SYM``: clamp every product
+and every partial sum), ``satz`` (``AP_SAT_ZERO``). A layer whose accumulator is ignored (exact
+accumulation, as a distributed-arithmetic strategy does) is a ``plain`` layer with a wide enough
+``accum_t``.
+
+Threads: one (hls4ml's C-simulation is single-threaded, and the service already runs requests
+in parallel). JIT: one kernel for every model; :func:`warm_up` compiles it or loads it from numba's
+disk cache (``__pycache__`` beside this file, or numba's user-wide cache directory where that is not
+writable) and returns the seconds; :func:`jit_seconds` totals them. The ``mlp`` kernel kind's
+``prepare`` calls it, so a device's ``load()`` (the service's model load among them) pays the JIT,
+never a request.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from offload.sim.fixed import FixedType, add_type, mul_type
+from offload.sim.mlp.datapath import _TABLE_SPAN, MlpLayer, _cast, _ftype, activation_table
+
+try:  # a core dependency; missing only in a broken install, where the NumPy paths still work
+    import numba
+except ImportError:  # pragma: no cover - exercised through _NUMBA
+    numba = None
+
+__all__ = ["Program", "compile_program", "program_for", "warm_up", "jit_seconds", "available"]
+
+# Replaced by None in tests to force the NumPy paths.
+_NUMBA = numba
+_warned = False
+_jit_total = [0.0]
+
+_LIM = 1 << 61  # every intermediate value is proven below this: sums of two stay inside int64
+_ROUND = {"AP_TRN": 0, "AP_TRN_ZERO": 1, "AP_RND": 2, "AP_RND_MIN_INF": 3, "AP_RND_ZERO": 4, "AP_RND_INF": 5, "AP_RND_CONV": 6}
+
+# One cast block: left shift, right shift, rounding constants, fit kind and its constants.
+_LS, _S, _C0, _C1, _CONV, _OVF, _LO, _HI, _OFF, _MASK = range(10)
+_CAST_LEN = 10
+_FIT_NONE, _FIT_WRAP, _FIT_SAT, _FIT_SATZ = range(4)
+# One layer record: op, sizes, offsets, dense loop, five op-specific values (a dense layer's
+# product rounding LS, S, C0, C1, CONV), then up to two cast blocks (A, B).
+_R_OP, _R_NIN, _R_NOUT, _R_W, _R_B, _R_MODE, _R_K0, _R_K1, _R_K2, _R_K3, _R_K4 = range(11)
+_R_A = 11
+_R_B2 = _R_A + _CAST_LEN
+_REC = _R_B2 + _CAST_LEN
+_OP_DENSE, _OP_BN, _OP_RELU, _OP_LEAKY, _OP_TABLE = range(5)
+_D_PLAIN, _D_ROUNDED, _D_SAT, _D_SATZ = range(4)
+# Header: layer count, input rounding mode, widest layer, then the input fit block.
+_H_N, _H_RMODE, _H_WIDE = range(3)
+_H_FIT = 3
+_HEAD = _H_FIT + _CAST_LEN
+
+# Models with more resident values than this get no program (the NumPy paths' BLAS wins there).
+_MAX_VALUES = 1 << 22
+
+
+def available() -> bool:
+    """Whether the compiled path can run (numba importable)."""
+    return _NUMBA is not None
+
+
+def jit_seconds() -> float:
+    """Seconds spent so far compiling the kernel or loading it from numba's disk cache."""
+    return _jit_total[0]
+
+
+class _Unsupported(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------ building programs
+def _bits_ok(*values: int) -> None:
+    for v in values:
+        if abs(v) >= _LIM:
+            raise _Unsupported(f"an intermediate value reaches {abs(v)} >= 2**61")
+
+
+def _type_ok(t: FixedType) -> None:
+    if t.is_int or t.width > 62 or (t.overflow == "AP_WRAP" and t.sat_bits):
+        raise _Unsupported(f"{t}: outside the compiled path's int64 casts")
+
+
+def _fit_block(t: FixedType, lo: int, hi: int) -> tuple[list[int], int, int]:
+    """Fit part of a cast block for integers in [lo, hi]; (fields OVF..MASK, new lo, new hi)."""
+    tlo, thi = t.min_raw, t.max_raw
+    if tlo <= lo and hi <= thi:
+        return [_FIT_NONE, tlo, thi, 0, 0], lo, hi
+    o = t.overflow
+    if o == "AP_WRAP":
+        off = 1 << (t.width - 1) if t.signed else 0
+        return [_FIT_WRAP, tlo, thi, off, (1 << t.width) - 1], tlo, thi
+    if o == "AP_SAT_SYM" and t.signed and t.width > 1:
+        tlo += 1
+    if o in ("AP_SAT", "AP_SAT_SYM"):
+        return [_FIT_SAT, tlo, thi, 0, 0], max(lo, tlo), min(hi, thi)
+    return [_FIT_SATZ, tlo, thi, 0, 0], min(max(lo, tlo), 0), max(min(hi, thi), 0)
+
+
+def _round_block(mode: str, ls: int, s: int) -> list[int]:
+    """Rounding part (LS, S, C0, C1, CONV): ``floor((v + bias) / 2**s)`` equals ``mode``'s rounding
+    of ``v / 2**s`` with bias ``c0 + (c1 if v < 0) + (conv & floor(v / 2**s))``."""
+    if s == 0:
+        return [ls, 0, 0, 0, 0]
+    half = 1 << (s - 1)
+    c0, c1, conv = {
+        "AP_TRN": (0, 0, 0),
+        "AP_TRN_ZERO": (0, (1 << s) - 1, 0),  # negatives: ceiling
+        "AP_RND": (half, 0, 0),  # ties up
+        "AP_RND_MIN_INF": (half - 1, 0, 0),  # ties down
+        "AP_RND_ZERO": (half - 1, 1, 0),  # ties down, up for negatives
+        "AP_RND_INF": (half, -1, 0),  # ties up, down for negatives
+        "AP_RND_CONV": (half - 1, 0, 1),  # ties up from odd floors only
+    }[mode]
+    return [ls, s, c0, c1, conv]
+
+
+def _cast_block(dst: FixedType, src: FixedType, lo: int, hi: int) -> tuple[list[int], int, int]:
+    """``_cast(dst, v, src)`` for integers v in [lo, hi]: (block, new lo, new hi)."""
+    _type_ok(dst)  # the source matters only through its fraction bits and the bounds
+    shift = src.F - dst.F
+    ls, s = max(-shift, 0), max(shift, 0)
+    if s > 62 or ls > 62:
+        raise _Unsupported(f"{src} -> {dst}: shift {shift}")
+    _bits_ok(lo << ls, hi << ls, (max(-lo, hi) << ls) + (1 << s))
+    rnd = _round_block(dst.rounding, ls, s)
+    lo2, hi2 = (lo << ls) >> s, ((hi << ls) >> s) + (1 if s else 0)
+    fit, lo2, hi2 = _fit_block(dst, lo2, hi2)
+    return rnd + fit, lo2, hi2
+
+
+@dataclass(frozen=True)
+class Program:
+    """One (input type, layers, tensors) as the kernel's instruction vector and data."""
+
+    prog: np.ndarray  # int64: header, then one record per layer
+    data: np.ndarray  # int64: weights, biases, tables, concatenated
+    in_scale: float  # 2**F of the input type
+    out_scale: float  # 2**-F of the last type
+    n_out: int
+    arrays: tuple  # (name, array, snapshot or None): see plan._current
+
+    def run(self, x: np.ndarray) -> np.ndarray | None:
+        """Float64 outputs of float64 rows ``x`` [B, F]; None where a value needs the bit-level
+        quantization (|x * 2**F| >= 2**62, inf, NaN): then take the general path."""
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        out = np.empty((x.shape[0], self.n_out), dtype=np.float64)
+        if not _run_rows(x, self.prog, self.data, self.in_scale, self.out_scale, out):
+            return None
+        return out
+
+
+def compile_program(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program | None:
+    """The program of a model, or None where the compiled path does not apply (see the module doc)."""
+    try:
+        return _compile(input_type, layers, tensors)
+    except _Unsupported:
+        return None
+
+
+def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program:
+    if not layers:
+        raise _Unsupported("no layers")
+    t = _ftype(input_type)
+    _type_ok(t)
+    if not 0 <= t.F <= 1000 or not -1000 <= _ftype(layers[-1].result).F <= 1000:
+        raise _Unsupported("fraction bits out of range")
+    if sum(int(np.size(tensors[n])) for n in tensors) > _MAX_VALUES:
+        raise _Unsupported("model too large")
+    head = np.zeros(_HEAD, dtype=np.int64)
+    head[_H_N] = len(layers)
+    head[_H_RMODE] = _ROUND[t.rounding]
+    fit, lo, hi = _fit_block(t, -(1 << 62), 1 << 62)
+    head[_H_FIT + _OVF:_H_FIT + _CAST_LEN] = fit
+    wide = layers[0].n_in
+    data: list[np.ndarray] = []
+    size = [0]
+
+    def put(a: np.ndarray) -> int:
+        off = size[0]
+        data.append(np.ascontiguousarray(a, dtype=np.int64).ravel())
+        size[0] += data[-1].size
+        return off
+
+    recs = []
+    for layer in layers:
+        r = np.zeros(_REC, dtype=np.int64)
+        r[_R_NIN], r[_R_NOUT] = layer.n_in, layer.n_out
+        wide = max(wide, layer.n_in, layer.n_out)
+        if layer.op == "dense":
+            lo, hi = _dense(r, layer, t, lo, hi, tensors, put)
+        elif layer.op == "batchnorm":
+            lo, hi = _batchnorm(r, layer, t, lo, hi, tensors, put)
+        elif layer.op in ("relu", "leaky_relu"):
+            lo, hi = _rect(r, layer, t, lo, hi)
+        elif layer.op in _TABLE_SPAN:
+            lo, hi = _table(r, layer, t, lo, hi, put)
+        else:
+            raise _Unsupported(f"op {layer.op!r}")
+        recs.append(r)
+        t = _ftype(layer.result)
+    head[_H_WIDE] = wide
+    arrays = []
+    names = (f"{layer.name}.{role}" for layer in layers for role in ("weight", "bias", "scale"))
+    for name in sorted(n for n in names if n in tensors):
+        a = tensors[name]
+        if not isinstance(a, np.ndarray):
+            raise _Unsupported(f"{name} is not an ndarray")
+        frozen = not a.flags.writeable and a.flags.owndata
+        arrays.append((name, a, None if frozen else a.tobytes()))
+    return Program(
+        np.concatenate([head, *recs]),
+        np.concatenate(data) if data else np.zeros(1, dtype=np.int64),
+        float(2.0 ** _ftype(input_type).F),
+        float(2.0 ** -t.F),  # t: the last layer's result type
+        layers[-1].n_out,
+        tuple(arrays),
+    )
+
+
+def _dense(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put) -> tuple[int, int]:
+    """A dense record: the weights (pre-shifted onto the accumulator grid where no product is
+    rounded), the bias in accum_t, the product rounding (K0..K4), the accumulator's own fit (A) and
+    the cast into result_t (B). The loop follows from the bounds: an exact accumulation (no
+    rounding, no fit: what a strategy that ignores accum_t computes) is ``_D_PLAIN`` with A's fit
+    ``_FIT_NONE`` and B cast from the exact sum's grid."""
+    wt, at, rt = _ftype(layer.weight), _ftype(layer.accum), _ftype(layer.result)
+    for tt in (wt, at, rt) + ((_ftype(layer.bias),) if layer.use_bias else ()):
+        _type_ok(tt)
+    w = np.asarray(tensors[f"{layer.name}.weight"], dtype=np.int64)
+    if layer.use_bias:
+        acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), _ftype(layer.bias))
+    else:
+        acc0 = np.zeros(layer.n_out, dtype=np.int64)
+    pt = mul_type(xt, wt)
+    shift = at.F - pt.F  # > 0: products land on the accumulator grid shifted left; < 0: rounded
+    ls, s = max(shift, 0), max(-shift, 0)
+    if ls > 62 or s > 62:
+        raise _Unsupported(f"{layer.name}: product to accumulator shift {shift}")
+    xabs = max(-lo, hi)
+    wabs = int(np.abs(w).max(initial=0))
+    babs = int(np.abs(acc0).max(initial=0))
+    pb = xabs * wabs
+    _bits_ok(pb, (pb << ls) + (1 << s))
+    tb = ((pb << ls) >> s) + 1  # bound on one rounded product
+    colsum = int(np.abs(w).sum(axis=0).max(initial=0)) * xabs  # bound on a partial sum of products
+    r[_R_OP] = _OP_DENSE
+    r[_R_B] = put(acc0)
+    rnd = _round_block(at.rounding, ls, s)
+    if s == 0:
+        _bits_ok(colsum << ls)
+        m = (colsum << ls) + babs
+    else:
+        m = layer.n_in * tb + babs
+    _bits_ok(m)
+    fit, alo, ahi = _fit_block(at, -m, m)
+    if fit[0] == _FIT_NONE or fit[0] == _FIT_WRAP:
+        # No partial sum leaves accum_t (no fit at all), or accum_t wraps: then every per-step fit
+        # together is one wrap of the total. Products that need no rounding: the weights carry
+        # the left shift (sum of shifted products == shifted sum; bounded above).
+        r[_R_MODE] = _D_PLAIN if s == 0 else _D_ROUNDED
+        if s == 0:
+            w = w << ls
+            rnd = _round_block(at.rounding, 0, 0)
+    else:
+        # Saturating accumulators: clamp (or zero) every product and every partial sum.
+        r[_R_MODE] = _D_SAT if fit[0] == _FIT_SAT else _D_SATZ
+        _bits_ok(at.min_raw * 2, at.max_raw * 2, tb)
+        alo, ahi = fit[1], fit[2]
+    r[_R_W] = put(w)
+    r[_R_K0:_R_K4 + 1] = rnd
+    r[_R_A:_R_A + _CAST_LEN] = [0, 0, 0, 0, 0] + fit  # the accumulator's fit alone
+    block, lo2, hi2 = _cast_block(rt, at, alo, ahi)
+    r[_R_B2:_R_B2 + _CAST_LEN] = block
+    return lo2, hi2
+
+
+def _batchnorm(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put) -> tuple[int, int]:
+    st, bt, rt = _ftype(layer.scale), _ftype(layer.bias), _ftype(layer.result)
+    for tt in (st, bt, rt):
+        _type_ok(tt)
+    scale = np.asarray(tensors[f"{layer.name}.scale"], dtype=np.int64)
+    bias = np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64)
+    pt = mul_type(xt, st)
+    sumt = add_type(pt, bt)
+    up_p, up_b = sumt.F - pt.F, sumt.F - bt.F  # both >= 0: the sum has the finer grid
+    if up_p > 62 or up_b > 62:
+        raise _Unsupported(f"{layer.name}: batchnorm sum type {sumt}")
+    pm = max(-lo, hi) * int(np.abs(scale).max(initial=0))
+    bm = int(np.abs(bias).max(initial=0))
+    _bits_ok(pm << up_p, bm << up_b)
+    m = (pm << up_p) + (bm << up_b)
+    _bits_ok(m)
+    r[_R_OP] = _OP_BN
+    r[_R_W] = put(scale)
+    r[_R_B] = put(bias << up_b)
+    r[_R_K0] = up_p
+    block, lo2, hi2 = _cast_block(rt, sumt, -m, m)
+    r[_R_B2:_R_B2 + _CAST_LEN] = block
+    return lo2, hi2
+
+
+def _rect(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int) -> tuple[int, int]:
+    rt = _ftype(layer.result)
+    if layer.op == "relu":
+        r[_R_OP] = _OP_RELU
+        block, lo2, hi2 = _cast_block(rt, xt, max(lo, 0), max(hi, 0))
+        r[_R_B2:_R_B2 + _CAST_LEN] = block
+        return lo2, hi2
+    ptype = _ftype(layer.param)
+    _type_ok(ptype)
+    alpha = int(ptype.quantize(np.float64(layer.alpha)))
+    pt = mul_type(ptype, xt)
+    am = abs(alpha) * max(-lo, hi)
+    _bits_ok(am)
+    r[_R_OP] = _OP_LEAKY
+    r[_R_K0] = alpha
+    pos, plo, phi = _cast_block(rt, xt, lo, hi)
+    neg, nlo, nhi = _cast_block(rt, pt, -am, am)
+    r[_R_A:_R_A + _CAST_LEN] = neg
+    r[_R_B2:_R_B2 + _CAST_LEN] = pos
+    return min(plo, nlo), max(phi, nhi)
+
+
+def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[int, int]:
+    rt, tt = _ftype(layer.result), _ftype(layer.table)
+    _type_ok(rt)
+    _type_ok(tt)
+    n, span = int(layer.table_size), _TABLE_SPAN[layer.op]
+    if xt.width + n.bit_length() > 62:
+        raise _Unsupported(f"{layer.name}: table index of {xt}")  # forward raises its OverflowError
+    f = xt.F
+    # int(x * N / span): x * N exact, then truncation toward zero (span a power of two).
+    q = (max(-lo, hi) * n) >> (span.bit_length() - 1)
+    if f < 0:
+        _bits_ok(q << -f)
+    if f > 62:
+        raise _Unsupported(f"{layer.name}: {xt} has {f} fraction bits")
+    table = _cast(rt, activation_table(layer.op, n, layer.table).astype(np.int64), tt)
+    r[_R_OP] = _OP_TABLE
+    r[_R_W] = put(table)
+    r[_R_K0] = n
+    r[_R_K1] = span.bit_length() - 1
+    r[_R_K2] = f
+    r[_R_K3] = (span // 2) * n // span
+    return int(table.min()), int(table.max())
+
+
+# ---------------------------------------------------------------------------------------- cache
+_PROGRAMS: dict[tuple[int, int], tuple] = {}
+_CACHE_SIZE = 64
+
+
+def _current(arrays, tensors) -> bool:
+    for name, arr, snap in arrays:
+        if tensors.get(name) is not arr:
+            return False
+        # A read-only array that owns its memory (the sim device's resident copies) is taken as
+        # constant; anything else is compared with the contents the program was built from.
+        if snap is not None and arr.tobytes() != snap:
+            return False
+    return True
+
+
+def program_for(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program | None:
+    """The cached program of this (layers tuple, tensors mapping), rebuilt when either changed;
+    None where numba is missing or the model leaves the compiled path."""
+    if _NUMBA is None:
+        _warn_once()
+        return None
+    if not isinstance(layers, tuple) or not layers:
+        return None  # a list may change under the cache
+    key = (id(layers), id(tensors))
+    hit = _PROGRAMS.get(key)
+    if hit is not None:
+        it, lay, ten, prog = hit
+        if it == input_type and lay is layers and ten is tensors and (prog is None or _current(prog.arrays, tensors)):
+            return prog
+    # An unsupported model is remembered as None (and keeps the NumPy paths, which check the
+    # weights themselves) until another layers tuple or tensors mapping comes.
+    prog = compile_program(input_type, layers, tensors)
+    if len(_PROGRAMS) >= _CACHE_SIZE:
+        _PROGRAMS.pop(next(iter(_PROGRAMS)), None)
+    _PROGRAMS[key] = (input_type, layers, tensors, prog)
+    return prog
+
+
+def _warn_once() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn("offload.sim.mlp.fused: numba is not installed; using the NumPy paths "
+                      "(slower, same results)", RuntimeWarning, stacklevel=3)
+
+
+def warm_up() -> float:
+    """Compile the kernel (or load it from numba's disk cache); the seconds it took (0 when it was
+    already loaded or numba is missing). One kernel serves every model."""
+    if _NUMBA is None or _run_rows.signatures:
+        return 0.0
+    t0 = time.perf_counter()
+    layer = MlpLayer("w", "dense", 1, 1, "ap_fixed<8,4>", weight="ap_fixed<8,4>", bias="ap_fixed<8,4>", accum="ap_fixed<8,4,AP_RND,AP_SAT>")
+    p = compile_program("ap_fixed<8,4>", (layer,), {"w.weight": np.ones((1, 1), dtype=np.int64), "w.bias": np.zeros(1, dtype=np.int64)})
+    p.run(np.zeros((1, 1)))
+    dt = time.perf_counter() - t0
+    _jit_total[0] += dt
+    return dt
+
+
+# ---------------------------------------------------------------------------------- the kernel
+# Module-level functions (not closures): numba's disk cache keys a closure by its pickled cells,
+# which differ in every process.
+if numba is not None:
+
+    @numba.njit(nogil=True)
+    def _cast_into(src, dst, n, p, o):
+        """``dst[:n] = cast(src[:n])`` with block ``o``: the parameters are read into locals first
+        (``p`` is an int64 array like ``dst``, so LLVM could not hoist them out of the loop) and each
+        fit kind has its own loop, so every loop vectorises."""
+        ls, s, c0, c1, conv = p[o + _LS], p[o + _S], p[o + _C0], p[o + _C1], p[o + _CONV]
+        k, lo, hi, off, mask = p[o + _OVF], p[o + _LO], p[o + _HI], p[o + _OFF], p[o + _MASK]
+        if k == _FIT_NONE:
+            for j in range(n):
+                v = src[j] << ls
+                dst[j] = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+        elif k == _FIT_WRAP:
+            for j in range(n):
+                v = src[j] << ls
+                dst[j] = (((v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s) + off & mask) - off
+        elif k == _FIT_SAT:
+            for j in range(n):
+                v = src[j] << ls
+                dst[j] = min(max((v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s, lo), hi)
+        else:
+            for j in range(n):
+                v = src[j] << ls
+                q = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+                dst[j] = 0 if (q < lo or q > hi) else q
+
+    @numba.njit(inline="always")
+    def _quantize(y, mode):
+        """Integer-valued float: ``y`` (exact, |y| < 2**62) rounded with ``mode`` (fixed.round_float)."""
+        if mode == 0:
+            return np.floor(y)
+        if mode == 1:
+            return np.trunc(y)
+        r = np.rint(y)
+        if mode == 6:
+            return r
+        d = y - r
+        up = d == 0.5
+        down = d == -0.5
+        if mode == 2:
+            return r + 1.0 if up else r
+        if mode == 3:
+            return r - 1.0 if down else r
+        if mode == 4:
+            if up and r < 0:
+                return r + 1.0
+            if down and r > 0:
+                return r - 1.0
+            return r
+        if up and r >= 0:
+            return r + 1.0
+        if down and r <= 0:
+            return r - 1.0
+        return r
+
+    # The dense loops: separate functions (numba-level inlining of these into the kernel made
+    # LLVM give up on vectorising them), ``w`` a 2-D view so every index is provably non-negative
+    # (a flat ``w[base + j]`` keeps numba's negative-index fix-up, which LLVM turns into a gather).
+    # Vectorised across the outputs j. (Skipping the zero inputs a ReLU leaves costs more in
+    # mispredicted branches than the products it saves.)
+    @numba.njit(nogil=True)
+    def _dense_plain(x, w, acc):
+        n_in, n_out = w.shape
+        for i in range(n_in):
+            xi = x[i]
+            for j in range(n_out):
+                acc[j] += xi * w[i, j]
+
+    @numba.njit(nogil=True)
+    def _dense_rounded(x, w, acc, ls, s, c0, c1, conv):
+        n_in, n_out = w.shape
+        if c1 == 0 and conv == 0:  # AP_TRN, AP_RND, AP_RND_MIN_INF: a constant bias
+            for i in range(n_in):
+                xi = x[i]
+                for j in range(n_out):
+                    acc[j] += (((xi * w[i, j]) << ls) + c0) >> s
+            return
+        for i in range(n_in):
+            xi = x[i]
+            for j in range(n_out):
+                v = (xi * w[i, j]) << ls
+                acc[j] += (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+
+    @numba.njit(nogil=True)
+    def _dense_sat(x, w, acc, ls, s, c0, c1, conv, lo, hi):
+        n_in, n_out = w.shape
+        for i in range(n_in):
+            xi = x[i]
+            for j in range(n_out):
+                v = (xi * w[i, j]) << ls
+                t = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+                t = min(max(t, lo), hi)
+                acc[j] = min(max(acc[j] + t, lo), hi)
+
+    @numba.njit(nogil=True)
+    def _dense_satz(x, w, acc, ls, s, c0, c1, conv, lo, hi):
+        n_in, n_out = w.shape
+        for i in range(n_in):
+            xi = x[i]
+            for j in range(n_out):
+                v = (xi * w[i, j]) << ls
+                t = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+                if t < lo or t > hi:
+                    t = 0
+                a = acc[j] + t
+                acc[j] = 0 if (a < lo or a > hi) else a
+
+    @numba.njit(nogil=True)
+    def _dot_plain(x, w, n):
+        t = np.int64(0)
+        for i in range(n):
+            t += x[i] * w[i]
+        return t
+
+    @numba.njit(nogil=True)
+    def _dot_rounded(x, w, n, ls, s, c0, c1, conv):
+        t = np.int64(0)
+        for i in range(n):
+            v = (x[i] * w[i]) << ls
+            t += (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+        return t
+
+    @numba.njit(nogil=True)
+    def _layer(p, o, d, cur, nxt, acc):
+        op = p[o + _R_OP]
+        n_in = p[o + _R_NIN]
+        n_out = p[o + _R_NOUT]
+        A = o + _R_A
+        B = o + _R_B2
+        wo = p[o + _R_W]
+        bo = p[o + _R_B]
+        if op == _OP_DENSE:
+            mode = p[o + _R_MODE]
+            ls, s, c0, c1, conv = p[o + _R_K0], p[o + _R_K1], p[o + _R_K2], p[o + _R_K3], p[o + _R_K4]
+            bias = d[bo:bo + n_out]
+            for j in range(n_out):
+                acc[j] = bias[j]
+            if n_out == 1 and mode <= _D_ROUNDED:  # one output: a dot product, vectorised over i
+                w1 = d[wo:wo + n_in]
+                if mode == _D_PLAIN:
+                    acc[0] += _dot_plain(cur, w1, n_in)
+                else:
+                    acc[0] += _dot_rounded(cur, w1, n_in, ls, s, c0, c1, conv)
+            else:
+                w = d[wo:wo + n_in * n_out].reshape((n_in, n_out))
+                if mode == _D_PLAIN:
+                    _dense_plain(cur, w, acc)
+                elif mode == _D_ROUNDED:
+                    _dense_rounded(cur, w, acc, ls, s, c0, c1, conv)
+                elif mode == _D_SAT:
+                    _dense_sat(cur, w, acc, ls, s, c0, c1, conv, p[A + _LO], p[A + _HI])
+                else:
+                    _dense_satz(cur, w, acc, ls, s, c0, c1, conv, p[A + _LO], p[A + _HI])
+            if mode <= _D_ROUNDED and p[A + _OVF] != _FIT_NONE:  # the wrap of the total
+                _cast_into(acc, acc, n_out, p, A)
+            _cast_into(acc, nxt, n_out, p, B)
+        elif op == _OP_BN:
+            scale = d[wo:wo + n_out]
+            bias = d[bo:bo + n_out]
+            up = p[o + _R_K0]
+            for j in range(n_out):
+                acc[j] = ((cur[j] * scale[j]) << up) + bias[j]
+            _cast_into(acc, nxt, n_out, p, B)
+        elif op == _OP_RELU:
+            for j in range(n_out):
+                acc[j] = max(cur[j], 0)
+            _cast_into(acc, nxt, n_out, p, B)
+        elif op == _OP_LEAKY:
+            alpha = p[o + _R_K0]
+            for j in range(n_out):
+                acc[j] = alpha * cur[j]
+            _cast_into(acc, acc, n_out, p, A)  # both branches everywhere: each block is exact
+            _cast_into(cur, nxt, n_out, p, B)  # over the whole input range
+            for j in range(n_out):
+                if cur[j] <= 0:
+                    nxt[j] = acc[j]
+        else:
+            n = p[o + _R_K0]
+            lg = p[o + _R_K1]
+            f = p[o + _R_K2]
+            offset = p[o + _R_K3]
+            table = d[wo:wo + n]
+            for j in range(n_out):
+                a = cur[j] * n
+                q = (a + ((a >> 63) & ((np.int64(1) << lg) - 1))) >> lg  # / span, toward zero
+                if f > 0:
+                    q = (q + ((q >> 63) & ((np.int64(1) << f) - 1))) >> f  # to_int(): toward zero
+                else:
+                    q = q << -f
+                # int32 arithmetic of the header: the low 32 bits, then + offset, again 32 bits.
+                q = ((q + 2147483648) & 0xFFFFFFFF) - 2147483648
+                q = ((q + offset + 2147483648) & 0xFFFFFFFF) - 2147483648
+                nxt[j] = table[min(max(q, 0), n - 1)]
+
+    @numba.njit(nogil=True, cache=True)
+    def _run_rows(x, p, d, in_scale, out_scale, out):
+        """All layers for every row of ``x``; False (nothing meaningful in ``out``) when some input
+        needs the bit-level quantization."""
+        rows, nf = x.shape
+        nl = p[_H_N]
+        mode = p[_H_RMODE]
+        wide = p[_H_WIDE]
+        cur = np.empty(wide, dtype=np.int64)
+        nxt = np.empty(wide, dtype=np.int64)
+        acc = np.empty(wide, dtype=np.int64)
+        lim = 4611686018427387904.0  # 2**62
+        for b in range(rows):
+            for i in range(nf):
+                y = x[b, i] * in_scale
+                if not (y < lim and y > -lim):  # also NaN
+                    return False
+                cur[i] = np.int64(_quantize(y, mode))
+            _cast_into(cur, cur, nf, p, _H_FIT)  # the input type's overflow mode
+            n = nf
+            for k in range(nl):
+                o = _HEAD + k * _REC
+                _layer(p, o, d, cur, nxt, acc)
+                cur, nxt = nxt, cur
+                n = p[o + _R_NOUT]
+            for j in range(n):
+                out[b, j] = cur[j] * out_scale
+        return True
