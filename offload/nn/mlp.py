@@ -40,9 +40,9 @@ from offload.quant.ptq import (
     quant_report,
 )
 from offload.sim.errors import InputError
+from offload.sim.fixed import FixedType
 from offload.sim.mlp import simulate as _simulate
 from offload.sim.mlp.strategy import DA, LATENCY, STRATEGIES
-from offload.sim.fixed import FixedType
 
 __all__ = ["MLP", "SUPPORTED_LAYERS", "float_layers"]
 
