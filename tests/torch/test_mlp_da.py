@@ -153,3 +153,20 @@ def test_auto_precision_searches_with_da():
     _, steps = forward(da.spec.input_type, da.spec.layers, da.spec.tensors(), x, trace=True)
     t = da.spec.tensors()
     np.testing.assert_array_equal(steps[1][1], _exact_dense_oracle(steps[0][1], steps[0][2], da.spec.layers[0], t))
+
+
+def test_da_bias_finer_than_the_products_is_kept():
+    # x: 4 fraction bits, w: 2, so products land on 2**-6; the bias has 14 fraction bits. DA adds it
+    # exactly (da4ml's constant add), so a fine result type sees every bit of it.
+    from offload.sim.mlp import MlpLayer
+
+    rng = np.random.default_rng(3)
+    w = rng.integers(-8, 8, size=(5, 3))
+    b = rng.integers(-(1 << 15), 1 << 15, size=3)
+    layer = MlpLayer("fc0", "dense", 5, 3, "ap_fixed<24,8,AP_RND,AP_SAT>", weight="ap_fixed<4,2>", bias="ap_fixed<16,2>")
+    spec = MlpSpec(5, "ap_fixed<8,4>", (layer,), {"fc0.weight": w, "fc0.bias": b}, 1, strategy=DA)
+    x = adversarial_inputs(rng, 2000, 5, spec.input_type)
+    t = spec.tensors()
+    _, steps = forward(spec.input_type, spec.layers, t, x, trace=True)
+    np.testing.assert_array_equal(steps[1][1], _exact_dense_oracle(steps[0][1], steps[0][2], spec.layers[0], t))
+    assert FixedType.parse(spec.layers[0].accum).F == 14
