@@ -1,6 +1,7 @@
 """HLS generator for kernel kind ``mlp``: hls4ml's firmware wrapped in a Vitis kernel.
 
-hls4ml (Vitis backend, io_parallel, Latency strategy) writes the network from the spec alone -
+hls4ml (Vitis backend, io_parallel, the spec's strategy: Latency, or distributed arithmetic on the
+Dense layers, written by da4ml into ``nnet_code_gen.h``) writes the network from the spec alone -
 layer list and per-layer types built here, no torch - with the weights as C++ constants
 (``WriteWeightsTxt=False``). The firmware files are collected flat (``weights/w2.h`` ->
 ``w2.h``, so ``offload.hls.csim.build`` and the emu device compile them as one source set) and a
@@ -28,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import os
 import re
@@ -44,6 +46,7 @@ from offload.hls import csim
 from offload.hls.registry import HlsKind, KernelArg, register_hls_kind
 from offload.kernels.mlp import MlpSpec
 from offload.sim.fixed import FixedType
+from offload.sim.mlp.strategy import DA
 
 __all__ = [
     "IN_BUNDLE",
@@ -101,6 +104,8 @@ def hls_config(spec: MlpSpec, *, trace: bool = False) -> dict:
     Every type is explicit, so hls4ml infers nothing and fuses nothing (its BatchNorm fusion only
     applies when the dense output type is unspecified). Activation tables are set through the
     ``table_t`` layer key as well as ``Precision['table']``: hls4ml 1.3 reads only the former.
+    A DA spec sets ``Strategy: distributed_arithmetic`` on its Dense layers only: hls4ml's DA pass
+    raises for any other layer (``DistributedArithmeticCodegen.match``).
     """
     layers: dict[str, dict] = {INPUT_NAME: {"Trace": trace, "Precision": {"result": spec.input_type}}}
     for layer in spec.layers:
@@ -110,6 +115,8 @@ def hls_config(spec: MlpSpec, *, trace: bool = False) -> dict:
         if layer.op in _TABLE_OPS:
             cfg["TableSize"] = int(layer.table_size)
             cfg["table_t"] = layer.table
+        if layer.op == "dense" and spec.strategy == DA:
+            cfg["Strategy"] = "distributed_arithmetic"
         layers[layer.name] = cfg
     return {
         "Model": {
@@ -198,8 +205,12 @@ def _firmware_cached(spec_json: str) -> tuple[tuple[str, str], ...]:
     import hls4ml
 
     spec = MlpSpec.from_json(json.loads(spec_json))
-    # Keyed by the hls4ml version too: another hls4ml writes other firmware for the same spec.
-    cached = _cache_root() / f"{spec.digest()}-hls4ml{hls4ml.__version__}.json"
+    # Keyed by the hls4ml version too: another hls4ml writes other firmware for the same spec
+    # (and by da4ml's under DA, which writes the Dense layers).
+    tag = f"hls4ml{hls4ml.__version__}"
+    if spec.strategy == DA:
+        tag += f"-da4ml{importlib.metadata.version('da4ml')}"
+    cached = _cache_root() / f"{spec.digest()}-{tag}.json"
     if cached.is_file():
         return tuple(sorted(json.loads(cached.read_text()).items()))
     proj = project_name(spec)
@@ -211,6 +222,14 @@ def _firmware_cached(spec_json: str) -> tuple[tuple[str, str], ...]:
         for p in [fw / f"{proj}.cpp", fw / f"{proj}.h", fw / "defines.h", fw / "parameters.h", *sorted((fw / "weights").glob("*.h"))]:
             text = p.read_text()
             files[p.name] = re.sub(r'#include\s+"weights/', '#include "', text)
+        if spec.strategy == DA:
+            # da4ml's Dense functions live in the project's copy of nnet_utils/nnet_code_gen.h
+            # (hls4ml/writer/vivado_writer.py, write_generated_code). Flattened like the weights:
+            # parameters.h includes it first, so its guard also shuts out the installed (empty)
+            # copy; its own sibling includes point back at the installed nnet_utils.
+            gen = (fw / "nnet_utils" / "nnet_code_gen.h").read_text()
+            files["nnet_code_gen.h"] = re.sub(r'#include\s+"(nnet_\w+\.h)"', r'#include "nnet_utils/\1"', gen)
+            files["parameters.h"] = files["parameters.h"].replace('#include "nnet_utils/nnet_code_gen.h"', '#include "nnet_code_gen.h"')
     cached.parent.mkdir(parents=True, exist_ok=True)
     fd, staged = tempfile.mkstemp(dir=cached.parent, prefix=".staged-")
     with os.fdopen(fd, "w") as f:

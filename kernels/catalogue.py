@@ -40,6 +40,7 @@ from offload.kernels.registry import Kernel, get_kind
 from offload.sim.errors import GoldenError  # noqa: F401  (re-exported: defined once in the hierarchy)
 from offload.sim.fixed import FixedType
 from offload.sim.mlp import MlpLayer
+from offload.sim.mlp.strategy import DA, LATENCY
 
 __all__ = [
     "Entry",
@@ -401,9 +402,14 @@ _MLP_PRECISIONS = {
 }
 
 
-def _mlp(arch: str, precision: str, reuse: int, act: str, *, out_act: str | None = None, batch: int = 24) -> Entry:
-    name = f"mlp/{arch}/{precision}/r{reuse}/{act}" + (f"+{out_act}" if out_act else "")
+def _mlp(arch: str, precision: str, reuse: int, act: str, *, out_act: str | None = None, batch: int = 24,
+         strategy: str = LATENCY) -> Entry:
+    # DA entries say "da" where latency ones give the reuse factor: DA runs at reuse factor 1 only.
+    step = "da" if strategy == DA else f"r{reuse}"
+    name = f"mlp/{arch}/{precision}/{step}/{act}" + (f"+{out_act}" if out_act else "")
     params = {"arch": arch, "precision": precision, "reuse": reuse, "act": act, "out_act": out_act, "batch": batch}
+    if strategy != LATENCY:
+        params["strategy"] = strategy
     return Entry(name, "mlp", params, _build_mlp)
 
 
@@ -429,6 +435,9 @@ def _activation_layer(name: str, op: str, n: int, result: str):
 def _build_mlp(e: Entry, rng: np.random.Generator) -> Case:
     p = e.params
     in_t, w_t, b_t, acc_t, res_t = _MLP_PRECISIONS[p["precision"]]
+    strategy = p.get("strategy", LATENCY)
+    if strategy == DA:
+        acc_t = None  # exact under DA: the spec derives it
     parts = p["arch"].split("-")
     n_features = int(parts[0])
     layers, consts = [], {}
@@ -451,7 +460,8 @@ def _build_mlp(e: Entry, rng: np.random.Generator) -> Case:
         act = p["out_act"] if last else p["act"]
         if act:
             layers.append(_activation_layer(f"{act}{i}", act, width, res_t))
-    spec = MlpSpec(n_features=n_features, input_type=in_t, layers=tuple(layers), constants=consts, reuse_factor=p["reuse"])
+    spec = MlpSpec(n_features=n_features, input_type=in_t, layers=tuple(layers), constants=consts, reuse_factor=p["reuse"],
+                   strategy=strategy)
     kernel = Kernel(e.name.replace("/", "_"), spec, spec.tensors())
 
     it = FixedType.parse(in_t)
@@ -475,4 +485,6 @@ def _mlp_entries() -> list[Entry]:
         _mlp("12-8-2", "ap_fixed10_4-sat", 1, "tanh"),
         _mlp("16-bn-8-1", "ap_fixed16_6", 2, "relu", out_act="sigmoid"),
         _mlp("8-4", "ap_fixed8_3", 1, "tanh", out_act="tanh"),
+        # The risk MLP's shape (offload/examples/risk.py) under distributed arithmetic (da4ml adder graphs).
+        _mlp("16-32-16-1", "ap_fixed8_3", 1, "relu", out_act="sigmoid", strategy=DA),
     ]

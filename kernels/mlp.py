@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import numpy as np
@@ -26,6 +26,7 @@ import numpy as np
 from offload.kernels.registry import KernelKind, register_kind
 from offload.sim.fixed import FixedType, mul_type
 from offload.sim.mlp import OPS, MlpLayer, simulate
+from offload.sim.mlp.strategy import DA, LATENCY, STRATEGIES, check_da_constant, exact_accum
 
 __all__ = ["MlpSpec", "MlpLayer", "validate", "reference", "check_tensors", "KIND", "MAX_FEATURES", "MAX_BATCH"]
 
@@ -42,6 +43,11 @@ class MlpSpec:
     ``constants`` holds the raw weights (name -> flattened ints): hls4ml bakes weights into the
     firmware as constants, so the generated C++ depends on them and the spec must carry them.
     The kernel's resident tensors are the same arrays (:meth:`tensors`), used by the sim device.
+
+    ``strategy`` is hls4ml's Dense strategy, ``"latency"`` or ``"distributed_arithmetic"``
+    (:mod:`offload.sim.mlp.strategy`). Under DA accumulation is exact: a dense layer's ``accum``
+    may be omitted (None) and is then set to the exact type; any other value is refused, as are
+    reuse factors above 1 and weight/bias types da4ml cannot read exactly.
     """
 
     n_features: int
@@ -50,6 +56,7 @@ class MlpSpec:
     constants: tuple[tuple[str, tuple[int, ...]], ...] = ()
     reuse_factor: int = 1
     kind: str = field(default="mlp")
+    strategy: str = LATENCY
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -57,6 +64,10 @@ class MlpSpec:
         object.__setattr__(
             self, "constants", tuple(sorted((str(k), tuple(int(v) for v in np.asarray(a).ravel())) for k, a in consts))
         )
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {list(STRATEGIES)}, got {self.strategy!r}")
+        if self.strategy == DA:
+            object.__setattr__(self, "layers", _da_layers(self))
         _check_spec(self)
 
     def tensors(self) -> dict[str, np.ndarray]:
@@ -73,7 +84,7 @@ class MlpSpec:
         return self.layers[-1].result if self.layers else self.input_type
 
     def to_json(self) -> dict:
-        return {
+        d = {
             "kind": self.kind,
             "n_features": self.n_features,
             "input_type": self.input_type,
@@ -81,6 +92,11 @@ class MlpSpec:
             "layers": [layer.to_json() for layer in self.layers],
             "constants": {k: list(v) for k, v in self.constants},
         }
+        # Only written when not the default: latency specs keep the JSON (and so the digest, the
+        # generated names and the golden vectors) they had before strategies existed.
+        if self.strategy != LATENCY:
+            d["strategy"] = self.strategy
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping) -> "MlpSpec":
@@ -92,6 +108,7 @@ class MlpSpec:
             layers=tuple(MlpLayer.from_json(x) for x in d["layers"]),
             constants=tuple((k, tuple(v)) for k, v in dict(d.get("constants", {})).items()),
             reuse_factor=int(d.get("reuse_factor", 1)),
+            strategy=str(d.get("strategy", LATENCY)),  # bundles from before strategies are latency
         )
 
     def digest(self) -> str:
@@ -136,6 +153,36 @@ def _type(layer: MlpLayer, role: str) -> FixedType:
     if t.width > 62:
         raise ValueError(f"layer {layer.name!r}: {role} type {t} is wider than 62 bits (raw int64 arithmetic)")
     return t
+
+
+def _da_layers(spec: MlpSpec) -> tuple[MlpLayer, ...]:
+    """The layers with every dense ``accum`` set to the exact type (DA accumulates exactly)."""
+    if spec.reuse_factor != 1:
+        raise ValueError(f"reuse_factor must be 1 under strategy {DA!r} (hls4ml refuses rf > 1), got {spec.reuse_factor}")
+    raw = dict(spec.constants)
+    out, prev = [], spec.input_type
+    for layer in spec.layers:
+        if layer.op == "dense" and all(getattr(layer, r) is not None for r in ("weight", "result")):
+            check_da_constant(_type(layer, "weight"), f"layer {layer.name!r}: weight")
+            if layer.use_bias and layer.bias is not None:
+                check_da_constant(_type(layer, "bias"), f"layer {layer.name!r}: bias")
+            w = raw.get(f"{layer.name}.weight")
+            b = raw.get(f"{layer.name}.bias") if layer.use_bias else None
+            if w is not None and len(w) == layer.n_in * layer.n_out and (b is not None or not layer.use_bias):
+                try:
+                    acc = exact_accum(prev, layer.weight, layer.bias if layer.use_bias else None,
+                                      np.asarray(w, dtype=np.int64).reshape(layer.n_in, layer.n_out), b)
+                except ValueError as e:
+                    raise ValueError(f"layer {layer.name!r}: {e}") from None
+                if layer.accum is not None and FixedType.parse(layer.accum) != FixedType.parse(acc):
+                    raise ValueError(
+                        f"layer {layer.name!r}: accum {layer.accum} under strategy {DA!r}: hls4ml/da4ml accumulate "
+                        f"exactly and ignore accum_t; omit it (it becomes {acc})"
+                    )
+                layer = replace(layer, accum=acc)
+        out.append(layer)
+        prev = layer.result or prev
+    return tuple(out)
 
 
 def _check_spec(spec: MlpSpec) -> None:

@@ -11,4 +11,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[torchrec]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps torchrec==1.8.0 2>&1 | grep -v "^WARNING: Location" || true
 # pip's exit status is lost behind the filter above; check the install is really there.
-.venv/bin/python -c "import offload, torch, hls4ml, fbgemm_gpu, torchrec; print('offload set up: torch', torch.__version__, '| hls4ml', hls4ml.__version__)"
+.venv/bin/python -c "import offload, torch, hls4ml, da4ml, fbgemm_gpu, torchrec; print('offload set up: torch', torch.__version__, '| hls4ml', hls4ml.__version__)"
+# da4ml's solver is numba code compiled on first use (minutes on 2 cores) and cached on disk: pay
+# that here, once, rather than in the first test or build that writes distributed-arithmetic firmware.
+.venv/bin/python scripts/warm_da4ml.py

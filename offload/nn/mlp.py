@@ -40,7 +40,9 @@ from offload.quant.ptq import (
     quant_report,
 )
 from offload.sim.errors import InputError
+from offload.sim.fixed import FixedType
 from offload.sim.mlp import simulate as _simulate
+from offload.sim.mlp.strategy import DA, LATENCY, STRATEGIES
 
 __all__ = ["MLP", "SUPPORTED_LAYERS", "float_layers"]
 
@@ -170,6 +172,7 @@ class MLP(torch.nn.Module):
         fold_batchnorm: bool = True,
         name: str = "mlp",
         device: Any = None,
+        strategy: str = LATENCY,
     ) -> "MLP":
         """Quantize ``seq`` (a ``torch.nn.Sequential`` in eval semantics) into an MLP kernel.
 
@@ -183,9 +186,19 @@ class MLP(torch.nn.Module):
         feature sample the calibration set is checked against (``CalibrationDriftWarning``).
         ``fold_batchnorm``: fold a BatchNorm1d that follows a Linear into its weights (default).
         ``device``: where the kernel lives (a spec string or Device; default the active device).
+        ``strategy``: hls4ml's Dense strategy, ``"latency"`` (multipliers, default) or
+        ``"distributed_arithmetic"`` (da4ml adder graphs, no DSPs; ``reuse_factor`` must be 1).
+        Under DA accumulation is exact (hls4ml ignores ``accum_t``): the simulator and
+        ``precision="auto"`` use the exact accumulator, and an explicit ``accum`` role in
+        ``precision`` raises ``InputError`` rather than being silently ignored (a plain type
+        string for a whole layer or model does not count: it sets the roles DA uses).
         """
         if not isinstance(reuse_factor, int) or reuse_factor < 1:
             raise ValueError(f"reuse_factor must be an int >= 1, got {reuse_factor!r}")
+        if strategy not in STRATEGIES:
+            raise InputError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+        if strategy == DA:
+            _check_da_request(precision, reuse_factor)
         calib_np = None if calib is None else _as_features(calib, "calib")
         nf = n_features if n_features is not None else (calib_np.shape[1] if calib_np is not None else None)
         layers = float_layers(seq, nf, fold_batchnorm=fold_batchnorm)
@@ -199,7 +212,7 @@ class MLP(torch.nn.Module):
                 raise ValueError('precision="auto" needs a calibration set: from_float(seq, calib=X)')
             input_type, types, report = choose_precision(
                 layers, calib_np, labels=lab, reference=ref, cos_threshold=cos_threshold, budget=budget,
-                table_size=table_size, drift_threshold=drift_threshold,
+                table_size=table_size, drift_threshold=drift_threshold, strategy=strategy,
             )
         else:
             input_type, types = fixed_precision(layers, precision, table_size=table_size)
@@ -207,10 +220,10 @@ class MLP(torch.nn.Module):
             if calib_np is not None:
                 if ref is not None:
                     check_drift(calib_np, ref, threshold=drift_threshold)
-                report = quant_report(layers, input_type, types, calib_np, labels=lab)
-        sim_layers, consts = build_layers(layers, types)
+                report = quant_report(layers, input_type, types, calib_np, labels=lab, strategy=strategy)
         try:
-            spec = MlpSpec(nf, input_type, tuple(sim_layers), consts, reuse_factor)
+            sim_layers, consts = build_layers(layers, types, input_type=input_type, strategy=strategy)
+            spec = MlpSpec(nf, input_type, tuple(sim_layers), consts, reuse_factor, strategy=strategy)
         except ValueError as e:  # kernels.mlp's contract checks (too many features, a type too wide)
             raise InputError(str(e)) from e
         return cls(spec, layers, report, name, device)
@@ -238,21 +251,42 @@ class MLP(torch.nn.Module):
         return [Kernel(self.kernel_name, self.spec, {k: v.copy() for k, v in self._tensors.items()})]
 
     @property
+    def strategy(self) -> str:
+        """hls4ml's Dense strategy of the kernel: ``"latency"`` or ``"distributed_arithmetic"``."""
+        return self.spec.strategy
+
+    @property
     def device(self):
         """The offload device the kernel is resident on."""
         return self._res.device
 
     # -- hls4ml ----------------------------------------------------------------------------------
+    def _dense_params(self, fl: FloatLayer) -> dict[str, np.ndarray]:
+        """The float32 Linear parameters hls4ml is given for dense layer ``fl``.
+
+        Latency: the float model's (hls4ml quantizes them into weight_t/bias_t itself, as the spec
+        did). DA: da4ml uses the weight data exactly and never reads weight_t, so it gets the spec's
+        quantized values, exact in float32 (the spec keeps them within 24 bits).
+        """
+        if self.spec.strategy != DA:
+            return fl.params
+        layer = next(sl for sl in self.spec.layers if sl.name == fl.name)
+        out = {"weight": FixedType.parse(layer.weight).to_float(self._tensors[f"{fl.name}.weight"]).astype(np.float32)}
+        if layer.use_bias:
+            out["bias"] = FixedType.parse(layer.bias).to_float(self._tensors[f"{fl.name}.bias"]).astype(np.float32)
+        return out
+
     def canonical_torch(self) -> torch.nn.Sequential:
         """The float model as hls4ml sees it: inference layers only, named as in the spec."""
         mods: "OrderedDict[str, torch.nn.Module]" = OrderedDict()
         for fl in self._float_layers:
             if fl.op == "dense":
-                lin = torch.nn.Linear(fl.n_in, fl.n_out, bias="bias" in fl.params)
+                p = self._dense_params(fl)
+                lin = torch.nn.Linear(fl.n_in, fl.n_out, bias="bias" in p)
                 with torch.no_grad():
-                    lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(fl.params["weight"].T)))
-                    if "bias" in fl.params:
-                        lin.bias.copy_(torch.from_numpy(fl.params["bias"]))
+                    lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(p["weight"].T)))
+                    if "bias" in p:
+                        lin.bias.copy_(torch.from_numpy(p["bias"]))
                 mods[fl.name] = lin
             elif fl.op == "batchnorm":
                 # hls4ml recomputes scale = gamma / sqrt(var + eps) and bias = beta - scale * mean:
@@ -279,6 +313,9 @@ class MLP(torch.nn.Module):
 
         Built with ``hls4ml.converters.convert_from_pytorch_model`` from the float weights, so
         hls4ml quantizes them itself; ``compile()`` then ``predict(x)`` equals :meth:`simulate`.
+        Under ``strategy="distributed_arithmetic"`` the Dense layers (only they: hls4ml's DA pass
+        refuses the others) get ``Strategy: distributed_arithmetic`` and da4ml writes them as adder
+        graphs when the model is written or compiled (slow: tens of seconds per layer).
         """
         import hls4ml
 
@@ -304,6 +341,19 @@ class MLP(torch.nn.Module):
     def extra_repr(self) -> str:
         kinds = ", ".join(f"{layer.name}:{layer.op}" for layer in self.spec.layers)
         return f"n_features={self.spec.n_features}, n_out={self.spec.n_outputs}, layers=[{kinds}]"
+
+
+def _check_da_request(precision: Any, reuse_factor: int) -> None:
+    """Refuse what distributed arithmetic cannot honour, naming the field."""
+    if reuse_factor != 1:
+        raise InputError(f"reuse_factor must be 1 with strategy={DA!r} (hls4ml refuses rf > 1), got {reuse_factor}")
+    if isinstance(precision, Mapping):
+        for lname, roles in precision.items():
+            if isinstance(roles, Mapping) and "accum" in roles:
+                raise InputError(
+                    f"precision[{lname!r}]['accum']: with strategy={DA!r} hls4ml/da4ml accumulate exactly and ignore "
+                    "accum_t; remove it (the kernel uses the exact accumulator)"
+                )
 
 
 def _as_features(x: Any, what: str) -> np.ndarray:

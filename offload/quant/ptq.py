@@ -37,6 +37,7 @@ from offload.quant.report import LayerRow, QuantReport
 from offload.sim.errors import FormatError, InputError, InputKeyError, InputTypeError
 from offload.sim.fixed import FixedType
 from offload.sim.mlp import MlpLayer, forward, quantize_like_hls4ml
+from offload.sim.mlp.strategy import DA, LATENCY, with_exact_accum
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -171,8 +172,14 @@ def fixed_precision(layers: Sequence[FloatLayer], precision: str | Mapping[str, 
     return input_type, types
 
 
-def build_layers(layers: Sequence[FloatLayer], types: Mapping[str, Mapping[str, Any]]) -> tuple[list[MlpLayer], dict[str, np.ndarray]]:
-    """Simulator layers and raw weights (quantized the way hls4ml's firmware reads them)."""
+def build_layers(layers: Sequence[FloatLayer], types: Mapping[str, Mapping[str, Any]], *, input_type: str | None = None,
+                 strategy: str = LATENCY) -> tuple[list[MlpLayer], dict[str, np.ndarray]]:
+    """Simulator layers and raw weights (quantized the way hls4ml's firmware reads them).
+
+    Under ``strategy="distributed_arithmetic"`` (which needs ``input_type``) every dense layer's
+    accumulator is the exact one (:func:`offload.sim.mlp.strategy.exact_accum`); ``types``'s
+    ``accum`` entries are not used.
+    """
     out, consts = [], {}
     for fl in layers:
         t = types[fl.name]
@@ -193,6 +200,8 @@ def build_layers(layers: Sequence[FloatLayer], types: Mapping[str, Mapping[str, 
             out.append(MlpLayer(fl.name, fl.op, fl.n_in, fl.n_out, t["result"], table=t["table"], table_size=int(t["table_size"])))
         else:
             out.append(MlpLayer(fl.name, fl.op, fl.n_in, fl.n_out, t["result"]))
+    if strategy == DA:
+        out = with_exact_accum(input_type, out, consts)
     return out, consts
 
 
@@ -208,8 +217,8 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sum(a * b)) / (na * nb)
 
 
-def _run(layers, input_type, types, x):
-    sim_layers, consts = build_layers(layers, types)
+def _run(layers, input_type, types, x, strategy=LATENCY):
+    sim_layers, consts = build_layers(layers, types, input_type=input_type, strategy=strategy)
     _, steps = forward(input_type, sim_layers, consts, x, trace=True)
     return [(name, t.to_float(raw), t) for name, raw, t in steps]
 
@@ -220,11 +229,17 @@ def _metric(y_fixed, y_float, labels):
     return float(np.max(np.abs(y_fixed - y_float))) if y_fixed.size else 0.0
 
 
-def quant_report(layers, input_type, types, x, labels=None, *, metric_budget=None, cos_threshold=None, search=None) -> QuantReport:
-    """Per-layer ranges, types, cosine similarity and saturation share on ``x``; end-to-end metric."""
+def quant_report(layers, input_type, types, x, labels=None, *, metric_budget=None, cos_threshold=None, search=None,
+                 strategy: str = LATENCY) -> QuantReport:
+    """Per-layer ranges, types, cosine similarity and saturation share on ``x``; end-to-end metric.
+
+    Under DA the accumulator shown is the exact one the kernel uses."""
     x = np.asarray(x, dtype=np.float64)
     flo = float_forward(layers, x)
-    steps = _run(layers, input_type, types, x)
+    steps = _run(layers, input_type, types, x, strategy)
+    if strategy == DA:
+        sim_layers, _ = build_layers(layers, types, input_type=input_type, strategy=strategy)
+        types = {fl.name: {**types[fl.name], **({"accum": sl.accum} if sl.op == "dense" else {})} for fl, sl in zip(layers, sim_layers)}
     rows = []
     it = FixedType.parse(input_type)
     rows.append(LayerRow("input", "input", float(x.min()), float(x.max()), {"result": input_type},
@@ -334,7 +349,7 @@ def _types_for(layers, plan: _Plan, f_in: int, f_par: list[int], f_res: list[int
     return input_type, types
 
 
-def _widest_valid(layers, plan: _Plan, table_size: int, n_features: int) -> int:
+def _widest_valid(layers, plan: _Plan, table_size: int, n_features: int, strategy: str = LATENCY) -> int:
     """The most fraction bits (<= _F_MAX) for which every width stays within the 62-bit datapath
     (huge calibration ranges need many integer bits, leaving fewer for fractions)."""
 
@@ -342,8 +357,8 @@ def _widest_valid(layers, plan: _Plan, table_size: int, n_features: int) -> int:
     for f in range(_F_MAX, -1, -1):
         input_type, types = _types_for(layers, plan, f, [f] * n, [f] * n, table_size)
         try:
-            sim_layers, consts = build_layers(layers, types)
-            MlpSpec(n_features, input_type, tuple(sim_layers), consts)
+            sim_layers, consts = build_layers(layers, types, input_type=input_type, strategy=strategy)
+            MlpSpec(n_features, input_type, tuple(sim_layers), consts, strategy=strategy)
         except ValueError:
             continue
         return f
@@ -361,8 +376,12 @@ def choose_precision(
     table_size: int = 1024,
     drift_threshold: float = 0.2,
     max_rows: int = _MAX_CALIB_ROWS,
+    strategy: str = LATENCY,
 ) -> tuple[str, dict[str, dict], QuantReport]:
     """Search the cheapest types meeting the cosine threshold and the end-to-end budget.
+
+    Candidates are simulated with ``strategy``'s datapath: under ``"distributed_arithmetic"``
+    accumulation is exact, so accumulators are no search variable (they follow the other types).
 
     ``budget`` defaults to 0.01 x max(1, range of the float outputs) as max absolute error, or an
     AUC drop of 0.002 when ``labels`` are given. Returns ``(input_type, types, report)``.
@@ -384,14 +403,14 @@ def choose_precision(
     plan = _plan(layers, xs, flo)
     n = len(layers)
     has_par = [bool(plan.par[k]) and layers[k].op in ("dense", "batchnorm") for k in range(n)]
-    f_max = _widest_valid(layers, plan, table_size, xs.shape[1])
+    f_max = _widest_valid(layers, plan, table_size, xs.shape[1], strategy)
     state = {"in": f_max, "par": [f_max] * n, "res": [f_max] * n}
     evals = [0]
 
     def ok(st) -> bool:
         evals[0] += 1
         it, ty = _types_for(layers, plan, st["in"], st["par"], st["res"], table_size)
-        steps = _run(layers, it, ty, xs)
+        steps = _run(layers, it, ty, xs, strategy)
         if _cosine(steps[0][1], xs) < cos_threshold:
             return False
         for f, (_, fx, _) in zip(flo, steps[1:]):
@@ -453,7 +472,9 @@ def choose_precision(
         "total_bits": _total_bits(layers, input_type, types),
         "total_bits_widest": _total_bits(layers, *_types_for(layers, plan, f_max, [f_max] * n, [f_max] * n, table_size)),
         "feasible": bool(feasible),
+        "strategy": strategy,
         "table_size": table_size if has_tables else None,
     }
-    report = quant_report(layers, input_type, types, x, labels, metric_budget=budget, cos_threshold=cos_threshold, search=search)
+    report = quant_report(layers, input_type, types, x, labels, metric_budget=budget, cos_threshold=cos_threshold, search=search,
+                          strategy=strategy)
     return input_type, types, report

@@ -77,3 +77,5 @@ def test_catalogue_covers_the_generators():
     acts = {layer["op"] for e in mlp for layer in C.load_golden(e.name).spec["layers"]}
     assert {"relu", "sigmoid", "tanh", "leaky_relu"} <= acts
     assert len({C.load_golden(e.name).spec["reuse_factor"] for e in mlp}) >= 2
+    # Both Dense strategies: hls4ml's latency datapath and da4ml's distributed arithmetic.
+    assert {C.load_golden(e.name).spec.get("strategy", "latency") for e in mlp} == {"latency", "distributed_arithmetic"}
