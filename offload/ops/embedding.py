@@ -68,7 +68,7 @@ def quantize_weights(w: np.ndarray, wt, on_overflow: str) -> np.ndarray:
     saturate, raise, or saturate), never wrapped; non-finite weights are refused."""
     if w.size and not np.isfinite(w).all():
         p = int(np.flatnonzero(~np.isfinite(w))[0])
-        raise InputError(f"per_sample_weights[{p}] = {w[p]!r}: weights must be finite")
+        raise InputError(f"per_sample_weights[{p}] = {float(w[p])}: weights must be finite")
     return np.asarray(quantize_checked(wt, w, "per_sample_weights", on_overflow), dtype=np.int64)
 
 
