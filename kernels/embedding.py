@@ -76,15 +76,17 @@ __all__ = [
 
 ROWWISE = "int8_rowwise"
 DEFAULT_WEIGHT_TYPE = "ap_fixed<20,8,AP_RND_CONV,AP_SAT>"
-# The longest bag the default accumulator is sized for (2^16). Real traffic: TorchRec/FBGEMM
-# pooling factors run from 1 (one-hot ids) to a few hundred on average, with user-history tails in
-# the thousands; 2^16 covers those tails 10x over. Cost: 16 integer bits on the accumulator, so
-# the default format ap_fixed<16,6> with the default weight_type accumulates weighted sums in
-# ap_fixed<52,30> with every product bit kept (the 62-bit limit leaves room up to 2^26). A bag
+# The longest bag the default accumulator is sized for: 65535 = 2^16 - 1. Real traffic: TorchRec
+# and FBGEMM pooling factors run from 1 (one-hot ids) to a few hundred on average, with
+# user-history tails in the thousands; 2^16 - 1 covers those tails 10x over. It is the longest bag
+# whose 16-bit raw values (ap_fixed<16,6>, the default format) provably sum in an int32 partial
+# sum (65535 * 2^15 < 2^31), which the fused CPU path uses for unweighted bags. Cost: 16 integer
+# bits on the accumulator, so ap_fixed<16,6> with the default weight_type accumulates weighted sums
+# in ap_fixed<52,30>, every product bit kept (the 62-bit limit leaves room up to 2^26). A bag
 # longer than the declared bound is still pooled with the same per-step acc_t arithmetic (no
 # run-time refusal): exact while its running sum stays inside acc_t's range (real data sits far
 # inside the worst case the bound is proved for), saturating (AP_SAT) where it would leave it.
-DEFAULT_MAX_BAG_SIZE = 1 << 16
+DEFAULT_MAX_BAG_SIZE = (1 << 16) - 1
 _INDEX_DTYPES = (np.int32, np.int64)
 # acc_t must keep 2*|raw| inside int64 for the mean's rounded division (sim and C++ alike).
 _MAX_ACC_WIDTH = 62

@@ -72,8 +72,7 @@ def quantize_weights(w: np.ndarray, wt, on_overflow: str) -> np.ndarray:
     return np.asarray(quantize_checked(wt, w, "per_sample_weights", on_overflow), dtype=np.int64)
 
 
-def _run_raw(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None):
-    res = get_resident(rid)
+def _run_raw(res, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None):
     spec = res.kernel.spec
     inputs = {"indices": indices, "offsets": offsets}
     if per_sample_weights is not None:
@@ -92,7 +91,7 @@ def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_
     ``per_sample_weights`` are floats, quantized here to the kernel's ``weight_type``
     (see :func:`quantize_weights`).
     """
-    raw, out_t = _run_raw(rid, indices, offsets, per_sample_weights)
+    raw, out_t = _run_raw(get_resident(rid), indices, offsets, per_sample_weights)
     return np.asarray(out_t.to_float(raw), dtype=np.float64)
 
 
@@ -118,39 +117,46 @@ def _check(indices: torch.Tensor, offsets: torch.Tensor, psw: Optional[torch.Ten
         raise InputTypeError(f"per_sample_weights: dtype must be floating point, got {psw.dtype}")
 
 
-def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor], dtype: torch.dtype,
+          single: bool = False) -> torch.Tensor:
     _check(indices, offsets, per_sample_weights)
+    res = get_resident(rid)
+    idx, off = _host(indices), _host(offsets)
     w = None if per_sample_weights is None else _host_weights(per_sample_weights)
-    raw, out_t = _run_raw(rid, _host(indices), _host(offsets), w)
+    if single:
+        if res.kernel.spec.num_tables != 1:
+            raise InputError("embedding_lookup: the kernel has several tables; use embedding_lookup_tbe")
+        idx, off, w = _last_bag_as_torch(res.kernel.spec, idx, off, w)
+    raw, out_t = _run_raw(res, idx, off, w)
     y = _to_dtype(raw, out_t, dtype)
     return y if indices.device.type == "cpu" else y.to(indices.device)
 
 
+def _last_bag_as_torch(spec, idx: np.ndarray, off: np.ndarray, w: np.ndarray | None):
+    """A last offset short of ``len(indices)`` (include_last_offset), as torch 2.13's CPU kernel
+    (aten/src/ATen/native/EmbeddingBag.cpp) reads it: the last bag runs to ``len(indices)`` in mode
+    max or with a padding_idx (pytorch issue 89677, pinned by test_embeddingbag_include_last_offset),
+    to the last offset in mode sum; in mode mean torch sums to the last offset but divides by the
+    count to ``len(indices)``, which no bag layout gives: refused (documented) rather than guessed."""
+    n = idx.shape[0]
+    if off.shape[0] < 2:
+        return idx, off, w
+    last = int(off[-1])
+    if last >= n or last < int(off[-2]):
+        return idx, off, w  # the usual case, or offsets validate() refuses
+    if spec.mode == "max" or spec.tables[0].padding_idx is not None:
+        off = off.copy()
+        off[-1] = n
+        return idx, off, w
+    if spec.mode == "mean":
+        raise UnsupportedError(
+            f"offsets: include_last_offset with a last offset ({last}) short of len(input) ({n}) in mode 'mean' "
+            "without padding_idx: torch 2.13 divides that bag by a count it does not sum; pass offsets[-1] == len(input)")
+    return idx[:last], off, None if w is None else w[:last]
+
+
 def _impl_single(rid, indices, offsets, per_sample_weights, dtype):
-    spec = get_resident(rid).kernel.spec
-    if spec.num_tables != 1:
-        raise InputError("embedding_lookup: the kernel has several tables; use embedding_lookup_tbe")
-    n = indices.shape[0]
-    if offsets.shape[0] > 1 and offsets.device.type == "cpu":
-        last = int(offsets[-1])
-        if last < n and last >= int(offsets[-2]):
-            # include_last_offset with a last offset short of len(indices): torch 2.13's CPU
-            # kernel (aten/src/ATen/native/EmbeddingBag.cpp) ends the last bag at len(indices) in
-            # mode max or with a padding_idx (pytorch issue 89677, pinned by
-            # test_embeddingbag_include_last_offset) and at the last offset in mode sum; in mode
-            # mean it sums to the last offset but divides by the count to len(indices), which no
-            # bag layout gives: refused (documented) rather than guessed.
-            if spec.mode == "max" or spec.tables[0].padding_idx is not None:
-                offsets = torch.cat([offsets[:-1], offsets.new_full((1,), n)])
-            elif spec.mode == "mean":
-                raise UnsupportedError(
-                    f"offsets: include_last_offset with a last offset ({last}) short of len(input) ({n}) in mode 'mean' "
-                    "without padding_idx: torch 2.13 divides that bag by a count it does not sum; pass offsets[-1] == len(input)")
-            else:
-                indices = indices[:last]
-                if per_sample_weights is not None:
-                    per_sample_weights = per_sample_weights[:last]
-    return _impl(rid, indices, offsets, per_sample_weights, dtype)
+    return _impl(rid, indices, offsets, per_sample_weights, dtype, single=True)
 
 
 def _fake(rid, indices, offsets, per_sample_weights, dtype):

@@ -102,10 +102,12 @@ def test_bags_longer_than_max_bag_size_run_with_the_same_arithmetic(acc_type):
 
 
 def test_default_max_bag_size_is_large_and_declared_bags_never_overflow():
-    # The default is derived for real traffic (see DEFAULT_MAX_BAG_SIZE): 2^16 entries, and a full
-    # bag of extreme values and weights fits the default accumulator.
+    # The default is derived for real traffic (see DEFAULT_MAX_BAG_SIZE): 2^16 - 1 entries, a full
+    # bag of extreme values and weights fits the default accumulator, and a full bag of 16-bit raw
+    # values fits an int32 partial sum.
     spec = make_spec([TableSpec("t", 2, 1, "ap_fixed<16,6>")], mode="sum")
-    assert spec.max_bag_size == DEFAULT_MAX_BAG_SIZE == 1 << 16
+    assert spec.max_bag_size == DEFAULT_MAX_BAG_SIZE == (1 << 16) - 1
+    assert spec.max_bag_size * 2 ** 15 < 2 ** 31
     acc = spec.acc_type
     term = 2.0 ** 5 * 2.0 ** 7  # |value| <= 2^(I-1), |weight| <= 2^(Iw-1)
     assert term * spec.max_bag_size <= acc.max_float + acc.lsb
