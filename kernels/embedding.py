@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar, Mapping, Sequence
 
@@ -40,17 +41,31 @@ import numpy as np
 
 from offload.kernels.registry import Kernel, KernelKind, register_kind
 from offload.sim import embedding as _sim
+from offload.sim.errors import (
+    FormatOverflowError,
+    FormatOverflowWarning,
+    IndexDtypeError,
+    IndexRangeError,
+    InputError,
+    InputTypeError,
+    OffsetsError,
+    UnsupportedError,
+)
 from offload.sim.fixed import FixedType
 
 __all__ = [
     "ROWWISE",
     "DEFAULT_WEIGHT_TYPE",
+    "DEFAULT_MAX_BAG_SIZE",
+    "longest_exact_bag",
     "TableSpec",
     "EmbeddingSpec",
     "make_spec",
     "default_acc_type",
     "rowwise_param_type",
     "quantize_table",
+    "quantize_checked",
+    "OVERFLOW_POLICIES",
     "make_kernel",
     "feature_tensors",
     "container_dtype",
@@ -63,6 +78,17 @@ __all__ = [
 
 ROWWISE = "int8_rowwise"
 DEFAULT_WEIGHT_TYPE = "ap_fixed<20,8,AP_RND_CONV,AP_SAT>"
+# The longest bag the default accumulator is sized for: 65535 = 2^16 - 1. Real traffic: TorchRec
+# and FBGEMM pooling factors run from 1 (one-hot ids) to a few hundred on average, with
+# user-history tails in the thousands; 2^16 - 1 covers those tails 10x over. It is the longest bag
+# whose 16-bit raw values (ap_fixed<16,6>, the default format) provably sum in an int32 partial
+# sum (65535 * 2^15 < 2^31), which the fused CPU path uses for unweighted bags. Cost: 16 integer
+# bits on the accumulator, so ap_fixed<16,6> with the default weight_type accumulates weighted sums
+# in ap_fixed<52,30>, every product bit kept (the 62-bit limit leaves room up to 2^26). A bag
+# longer than the declared bound is still pooled with the same per-step acc_t arithmetic (no
+# run-time refusal): exact while its running sum stays inside acc_t's range (real data sits far
+# inside the worst case the bound is proved for), saturating (AP_SAT) where it would leave it.
+DEFAULT_MAX_BAG_SIZE = (1 << 16) - 1
 _INDEX_DTYPES = (np.int32, np.int64)
 # acc_t must keep 2*|raw| inside int64 for the mean's rounded division (sim and C++ alike).
 _MAX_ACC_WIDTH = 62
@@ -250,11 +276,27 @@ def default_acc_type(tables: Sequence[TableSpec], mode: str, max_bag_size: int, 
     return f"ap_fixed<{ia + fa},{ia},AP_RND_CONV,AP_SAT>"
 
 
+def longest_exact_bag(tables: Sequence[TableSpec], mode: str, weight_type: str = DEFAULT_WEIGHT_TYPE) -> int:
+    """The longest declared bag, at most :data:`DEFAULT_MAX_BAG_SIZE`, whose default accumulator
+    (:func:`default_acc_type`) fits in 62 bits with the values' fraction bits kept.
+
+    Tables whose values carry many fraction bits (FBGEMM's row-wise tables hold their fp32 scale and
+    bias exactly) cannot take :data:`DEFAULT_MAX_BAG_SIZE`; they get the longest bag that still
+    sums exactly instead of a conversion error.
+    """
+    vts = [t.value_type() for t in tables]
+    base = max(_signed_int_bits(v) for v in vts) + max(int(v.F) for v in vts)
+    if mode == "sum":
+        base += _signed_int_bits(FixedType.parse(weight_type))
+    room = _MAX_ACC_WIDTH - base
+    return DEFAULT_MAX_BAG_SIZE if room >= 16 else max(1, 1 << max(room, 0))
+
+
 def make_spec(
     tables: Sequence[TableSpec],
     *,
     mode: str = "sum",
-    max_bag_size: int = 256,
+    max_bag_size: int = DEFAULT_MAX_BAG_SIZE,
     acc_type: str | None = None,
     out_type: str | None = None,
     weight_type: str = DEFAULT_WEIGHT_TYPE,
@@ -352,8 +394,49 @@ def _quantize_rowwise(weights: np.ndarray, param_type: FixedType) -> tuple[np.nd
     return codes, np.stack([scale, bias], axis=1)
 
 
-def quantize_table(table: TableSpec, weights: np.ndarray) -> dict[str, np.ndarray]:
-    """Float rows -> the resident raw arrays of one table (``{"table": ..., "params": ...}``)."""
+OVERFLOW_POLICIES = ("warn", "raise", "saturate")
+
+
+def quantize_checked(t: FixedType, x: np.ndarray, field: str, on_overflow: str | None) -> np.ndarray:
+    """Raw ``t`` values of floats ``x`` with ``t``'s rounding; values ``t`` cannot hold (their
+    rounded value falls outside ``t``'s range) are handled by ``on_overflow``: ``"warn"`` saturates
+    them and warns (:class:`FormatOverflowWarning` with the count and the worst value),
+    ``"raise"`` refuses (:class:`FormatOverflowError`), ``"saturate"`` saturates silently, None
+    applies ``t``'s own overflow mode (``AP_WRAP`` wraps: what a C++ cast does)."""
+    x = np.asarray(x, dtype=np.float64)
+    if on_overflow is None:
+        return np.asarray(t.quantize(x))
+    if on_overflow not in OVERFLOW_POLICIES:
+        raise InputError(f"on_overflow: must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
+    extra = min(16, 64 - int(t.width))
+    if extra > 0 and not t.is_int:
+        # The same F and rounding with 16 more integer bits, saturating: where its raw value leaves
+        # t's raw range, t cannot hold the rounded value (a value just past the top that rounds
+        # back down is held).
+        wide = FixedType(int(t.width) + extra, int(t.integer) + extra, signed=t.signed, rounding=t.rounding, overflow="AP_SAT")
+        raw = np.asarray(wide.quantize(x), dtype=np.int64)
+        bad = (raw < t.min_raw) | (raw > t.max_raw)
+    else:
+        raw = None
+        bad = (x < t.min_float) | (x > t.max_float)
+    if bad.any():
+        vals = x[bad]
+        worst = float(vals[np.argmax(np.abs(vals))])
+        msg = (f"{field}: {int(bad.sum())} of {x.size} values outside {t}'s range [{t.min_float}, {t.max_float}], "
+               f"worst {worst!r}")
+        if on_overflow == "raise":
+            raise FormatOverflowError(msg + " (on_overflow='raise')")
+        if on_overflow == "warn":
+            warnings.warn(FormatOverflowWarning(msg + "; saturated (on_overflow='saturate' silences this, 'raise' refuses)"),
+                          stacklevel=3)
+    if raw is None:
+        return np.asarray(t.quantize(np.clip(x, t.min_float, t.max_float)))
+    return np.clip(raw, t.min_raw, t.max_raw).astype(t.raw_dtype)
+
+
+def quantize_table(table: TableSpec, weights: np.ndarray, on_overflow: str | None = None) -> dict[str, np.ndarray]:
+    """Float rows -> the resident raw arrays of one table (``{"table": ..., "params": ...}``);
+    ``on_overflow`` as in :func:`quantize_checked` (row-wise tables fit their params to the data)."""
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != (table.num_rows, table.dim):
         raise ValueError(f"table {table.name!r}: weights shape {w.shape} != {(table.num_rows, table.dim)}")
@@ -362,16 +445,17 @@ def quantize_table(table: TableSpec, weights: np.ndarray) -> dict[str, np.ndarra
         codes, params = _quantize_rowwise(w, pt)
         return {"table": codes, "params": params.astype(container_dtype(pt))}
     t = FixedType.parse(table.fmt)
-    return {"table": np.asarray(t.quantize(w)).astype(container_dtype(t))}
+    return {"table": quantize_checked(t, w, f"table {table.name!r}", on_overflow).astype(container_dtype(t))}
 
 
-def make_kernel(name: str, spec: EmbeddingSpec, weights: Sequence[np.ndarray]) -> Kernel:
-    """Quantize each table's float rows into a :class:`Kernel` of kind ``embedding``."""
+def make_kernel(name: str, spec: EmbeddingSpec, weights: Sequence[np.ndarray], on_overflow: str | None = None) -> Kernel:
+    """Quantize each table's float rows into a :class:`Kernel` of kind ``embedding``
+    (``on_overflow``: see :func:`quantize_checked`; None keeps each format's own overflow mode)."""
     if len(weights) != spec.num_tables:
         raise ValueError(f"weights: {len(weights)} arrays for {spec.num_tables} tables")
     tensors: dict[str, np.ndarray] = {}
     for i, (t, w) in enumerate(zip(spec.tables, weights)):
-        q = quantize_table(t, w)
+        q = quantize_table(t, w, on_overflow)
         tensors[f"table{i}"] = q["table"]
         if "params" in q:
             tensors[f"params{i}"] = q["params"]
@@ -397,67 +481,70 @@ def feature_tensors(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> d
 def _int_array(inputs: Mapping[str, np.ndarray], key: str, allowed=_INDEX_DTYPES) -> np.ndarray:
     a = inputs[key]
     if not isinstance(a, np.ndarray):
-        raise TypeError(f"{key}: expected a NumPy array, got {type(a).__name__}")
+        raise IndexDtypeError(f"{key}: expected a NumPy array, got {type(a).__name__}")
     if a.dtype.type not in allowed:
         names = ", ".join(np.dtype(d).name for d in allowed)
-        raise TypeError(f"{key}: dtype must be one of {names}, got {a.dtype}")
+        raise IndexDtypeError(f"{key}: dtype must be one of {names}, got {a.dtype}")
     if a.ndim != 1:
-        raise ValueError(f"{key}: must be 1-D, got shape {a.shape}")
+        raise OffsetsError(f"{key}: must be 1-D, got shape {a.shape}")
     return a
 
 
 def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
     """Check one call's inputs; raises before any device work and changes nothing.
 
-    ``TypeError`` for dtypes; ``ValueError`` for offsets (start 0, non-decreasing, end at
-    ``len(indices)``, length ``T*B+1``), bags longer than ``max_bag_size`` and misplaced or
-    mis-sized ``per_sample_weights``; ``IndexError`` for an index outside its table. With a
-    ``feature_table_map`` the offsets count features (``F*B+1``).
+    Every error is an :class:`~offload.sim.errors.OffloadError` and also the builtin torch's
+    ``embedding_bag`` raises for the same input: :class:`IndexDtypeError` (TypeError and
+    RuntimeError) for dtypes; :class:`OffsetsError` (ValueError and RuntimeError) for offsets
+    (start 0, non-decreasing, end at ``len(indices)``, length ``T*B+1``); :class:`IndexRangeError`
+    (IndexError and RuntimeError) for an index outside its table; :class:`UnsupportedError`
+    (NotImplementedError) for weights in mode ``max``; :class:`InputError` for mis-sized or
+    out-of-range ``per_sample_weights``. Bag length is not limited here: ``max_bag_size`` sizes the
+    default accumulator, and a longer bag pools with the same per-step ``acc_t`` arithmetic.
+    With a ``feature_table_map`` the offsets count features (``F*B+1``).
     """
     if spec.feature_table_map is not None:
         return validate(spec.per_feature(), feature_tensors(spec, tensors), inputs)
     for key in ("indices", "offsets"):
         if key not in inputs:
-            raise ValueError(f"inputs: missing {key!r}")
+            raise InputError(f"inputs: missing {key!r}")
     idx = _int_array(inputs, "indices")
     off = _int_array(inputs, "offsets")
     n = idx.shape[0]
     T = spec.num_tables
     if off.shape[0] < 1 or (off.shape[0] - 1) % T:
-        raise ValueError(f"offsets: length must be T*B+1 with T={T} tables, got {off.shape[0]}")
+        raise OffsetsError(f"offsets: length must be T*B+1 with T={T} tables, got {off.shape[0]}")
     if off[0] != 0:
-        raise ValueError(f"offsets: must start at 0, got {int(off[0])}")
+        raise OffsetsError(f"offsets: must start at 0, got {int(off[0])}")
     if off.size and int(off.max()) > n:
         p = int(np.argmax(off > n))
-        raise ValueError(f"offsets: offsets[{p}]={int(off[p])} runs past the indices (len(indices)={n})")
+        raise OffsetsError(f"offsets: offsets[{p}]={int(off[p])} runs past the indices (len(indices)={n})")
     lens = np.diff(off.astype(np.int64, copy=False))
     if lens.size and lens.min() < 0:
         p = int(np.argmax(lens < 0))
-        raise ValueError(f"offsets: must not decrease, offsets[{p + 1}]={int(off[p + 1])} < offsets[{p}]={int(off[p])}")
+        raise OffsetsError(f"offsets: must not decrease, offsets[{p + 1}]={int(off[p + 1])} < offsets[{p}]={int(off[p])}")
     if int(off[-1]) != n:
-        raise ValueError(f"offsets: must end at len(indices)={n}, got {int(off[-1])}")
-    if lens.size and lens.max() > spec.max_bag_size:
-        p = int(np.argmax(lens))
-        raise ValueError(f"offsets: bag {p} has {int(lens[p])} entries, more than max_bag_size={spec.max_bag_size}")
+        raise OffsetsError(f"offsets: must end at len(indices)={n}, got {int(off[-1])}")
     w = inputs.get("per_sample_weights")
     if w is not None:
         # FBGEMM's TBE weights mean bags too (sum of w*row over the bag's length); max has no weights.
+        # torch.nn.EmbeddingBag refuses weighted mean: offload.nn.EmbeddingBag checks that itself.
         if spec.mode == "max":
-            raise ValueError(f"per_sample_weights: only supported in modes 'sum' and 'mean', this kernel's mode is {spec.mode!r}")
+            raise UnsupportedError(f"per_sample_weights: only supported in modes 'sum' and 'mean', this kernel's mode is {spec.mode!r}")
         if not isinstance(w, np.ndarray) or w.dtype.kind not in "iu":
-            raise TypeError(f"per_sample_weights: expected raw integers in {spec.weight_type}, got {getattr(w, 'dtype', type(w).__name__)}")
+            raise InputTypeError(f"per_sample_weights: expected raw integers in {spec.weight_type}, got {getattr(w, 'dtype', type(w).__name__)}")
         if w.shape != (n,):
-            raise ValueError(f"per_sample_weights: shape {w.shape} must match indices ({n},)")
+            raise InputError(f"per_sample_weights: shape {w.shape} must match indices ({n},)")
         lo, hi = _sim._raw_min_max(spec.weight_type)
         if w.size and (w.min() < lo or w.max() > hi):
-            raise ValueError(f"per_sample_weights: raw values outside {spec.weight_type}'s range [{lo}, {hi}]")
+            raise InputError(f"per_sample_weights: raw values outside {spec.weight_type}'s range [{lo}, {hi}]")
     B = (off.shape[0] - 1) // T
     for t, ts in enumerate(spec.tables):
         a, b = int(off[t * B]), int(off[(t + 1) * B])
         seg = idx[a:b]
         if seg.size and (seg.min() < 0 or seg.max() >= ts.num_rows):
             p = int(np.flatnonzero((seg < 0) | (seg >= ts.num_rows))[0])
-            raise IndexError(
+            raise IndexRangeError(
                 f"indices[{a + p}] = {int(seg[p])} is out of range for table {ts.name!r} with {ts.num_rows} rows"
             )
 

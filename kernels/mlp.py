@@ -24,6 +24,7 @@ from typing import Mapping
 import numpy as np
 
 from offload.kernels.registry import KernelKind, register_kind
+from offload.sim.errors import InputError, InputKeyError, InputTypeError
 from offload.sim.fixed import FixedType, mul_type
 from offload.sim.mlp import OPS, MlpLayer, simulate
 from offload.sim.mlp.strategy import DA, LATENCY, STRATEGIES, check_da_constant, exact_accum
@@ -265,32 +266,33 @@ def _tensor_shapes(spec: MlpSpec) -> dict[str, tuple[int, ...]]:
 def validate(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
     """Check ``inputs["x"]`` (float [B, n_features], finite) and the resident tensors.
 
-    Raises ``KeyError`` for a missing input, ``TypeError`` for a wrong dtype, ``ValueError`` for a
-    wrong shape or a NaN / infinite feature (naming the first such row and column).
+    Raises the hierarchy's types (each also the builtin it once was): :class:`InputKeyError` for a
+    missing input or resident tensor, :class:`InputTypeError` for a wrong dtype, :class:`InputError`
+    for a wrong shape or a NaN / infinite feature (naming the first such row and column).
     """
     validate_inputs(spec, inputs)
     for name, shape in _tensor_shapes(spec).items():
         if name not in tensors:
-            raise KeyError(f"mlp resident tensor {name!r} missing")
+            raise InputKeyError(f"mlp resident tensor {name!r} missing")
         a = np.asarray(tensors[name])
         if tuple(a.shape) != shape:
-            raise ValueError(f"mlp resident tensor {name!r} must have shape {list(shape)}, got {list(a.shape)}")
+            raise InputError(f"mlp resident tensor {name!r} must have shape {list(shape)}, got {list(a.shape)}")
         if a.dtype.kind not in "iu":
-            raise TypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
+            raise InputTypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
 
 
 def validate_inputs(spec: MlpSpec, inputs: Mapping[str, np.ndarray]) -> None:
     """The input half of :func:`validate`, same errors: for a caller whose resident tensors were
     checked once already (the scoring service checks every request, before queueing)."""
     if "x" not in inputs:
-        raise KeyError(f"mlp input 'x' missing; got {sorted(inputs)}")
+        raise InputKeyError(f"mlp input 'x' missing; got {sorted(inputs)}")
     x = np.asarray(inputs["x"])
     if x.dtype.kind != "f":
-        raise TypeError(f"mlp input 'x' must be floating point (float32/float64), got dtype {x.dtype}")
+        raise InputTypeError(f"mlp input 'x' must be floating point (float32/float64), got dtype {x.dtype}")
     if x.ndim != 2 or x.shape[1] != spec.n_features:
-        raise ValueError(f"mlp input 'x' must have shape [batch, {spec.n_features}], got {list(x.shape)}")
+        raise InputError(f"mlp input 'x' must have shape [batch, {spec.n_features}], got {list(x.shape)}")
     if x.shape[0] > MAX_BATCH:
-        raise ValueError(f"mlp input 'x': batch {x.shape[0]} exceeds the limit {MAX_BATCH}")
+        raise InputError(f"mlp input 'x': batch {x.shape[0]} exceeds the limit {MAX_BATCH}")
     # One reduction decides for the whole batch: the sum of squares is finite when every feature
     # is (NaN and infinities propagate); only a non-finite sum (or a huge finite feature that
     # overflows it) pays for the element-wise search.
@@ -298,7 +300,7 @@ def validate_inputs(spec: MlpSpec, inputs: Mapping[str, np.ndarray]) -> None:
         bad = ~np.isfinite(x)
         if bad.any():
             r, c = np.argwhere(bad)[0]
-            raise ValueError(f"mlp input 'x' row {int(r)} column {int(c)} is {x[r, c]!r}: features must be finite")
+            raise InputError(f"mlp input 'x' row {int(r)} column {int(c)} is {x[r, c]!r}: features must be finite")
 
 
 def check_tensors(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> None:
@@ -313,7 +315,7 @@ def check_tensors(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> None:
     for name, w in want.items():
         a = np.asarray(tensors[name])
         if a.dtype.kind not in "iu":
-            raise TypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
+            raise InputTypeError(f"mlp resident tensor {name!r} must hold raw integers, got dtype {a.dtype}")
         if a.shape != w.shape or not np.array_equal(a, w):
             raise ValueError(f"mlp resident tensor {name!r} differs from the spec's constants (the weights compiled into the kernel)")
 

@@ -128,8 +128,10 @@ def pool_bags(
 ) -> np.ndarray:
     """Pool raw ``values`` (``N x D``, in ``value_type``) over the bags given by ``offsets``.
 
-    ``offsets`` has ``B + 1`` entries, starts at 0, ends at ``N`` and never decreases; every bag
-    is at most ``max_bag_size`` long (validated by the caller). ``weights`` (raw, in
+    ``offsets`` has ``B + 1`` entries, starts at 0, ends at ``N`` and never decreases (validated by
+    the caller). ``max_bag_size`` is the declared bound the accumulator was sized for; a longer
+    bag is pooled with the same per-step ``acc_t`` arithmetic (the overflow proofs below use the
+    longest bag of the call when it passes the declared bound). ``weights`` (raw, in
     ``weight_type``) multiplies each row first (sum mode). Returns raw ``out_type`` ``B x D``.
     """
     if mode not in MODES:
@@ -138,6 +140,8 @@ def pool_bags(
     nb = offsets.shape[0] - 1
     d = values.shape[1] if values.ndim == 2 else 0
     counts = np.diff(offsets)
+    if counts.size:
+        max_bag_size = max(int(max_bag_size), int(counts.max()))
 
     # Terms in acc_t.
     if weights is not None:

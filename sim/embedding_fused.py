@@ -412,7 +412,8 @@ if numba is not None:
 
     @numba.njit(nogil=True, cache=True)
     def offsets_ok(off, n, max_bag):
-        """``validate()``'s offsets rules: start 0, never decrease, bags <= max_bag, end at n."""
+        """``validate()``'s offsets rules (start 0, never decrease, end at n), and bags <= max_bag,
+        the bound the plan's overflow proofs assume."""
         if off[0] != 0 or off[off.shape[0] - 1] != n:
             return False
         for i in range(off.shape[0] - 1):
@@ -511,7 +512,9 @@ def _run(p: Plan, tensors, inputs, reference, validate, parallel_min: int) -> di
         w = w.astype(np.int64)
     if validate is not None and not offsets_ok(off, idx.shape[0], spec.max_bag_size):
         validate(spec, tensors, inputs)
-        return reference(spec, tensors, inputs)  # unreachable unless the two checks disagree
+        # Valid offsets with a bag longer than the declared max_bag_size: the plan's overflow
+        # proofs do not cover it, the reference (which re-derives them from the call) does.
+        return reference(spec, tensors, inputs)
     T = spec.num_tables
     B = (off.shape[0] - 1) // T
     out = np.empty((B, spec.total_dim), dtype=np.int64)

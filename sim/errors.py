@@ -20,6 +20,12 @@ __all__ = [
     "InputIndexError",
     "InputTypeError",
     "InputKeyError",
+    "IndexRangeError",
+    "OffsetsError",
+    "IndexDtypeError",
+    "PerSampleWeightsDtypeError",
+    "FormatOverflowError",
+    "FormatOverflowWarning",
     "UnsupportedError",
     "BundleError",
     "DeviceError",
@@ -58,6 +64,41 @@ class InputKeyError(OffloadError, KeyError):
 
     def __str__(self) -> str:  # KeyError would print the message quoted, as a repr
         return str(self.args[0]) if self.args else ""
+
+
+# The torch-compatible refinements: a drop-in module must raise what torch raises for the same
+# input (RuntimeError from ATen's TORCH_CHECK in aten/src/ATen/native/EmbeddingBag.cpp, torch
+# 2.13) while staying catchable as offload's own documented type.
+
+
+class IndexRangeError(InputIndexError, RuntimeError):
+    """An index outside its table: ``IndexError`` for Python code, ``RuntimeError`` as torch's
+    ``embedding_bag`` raises ("Expected idx >= 0 && idx < num_embeddings")."""
+
+
+class OffsetsError(InputError, RuntimeError):
+    """Offsets that break the bag layout (start, order, end): ``ValueError`` and, as torch raises
+    for the same offsets, ``RuntimeError``."""
+
+
+class IndexDtypeError(InputTypeError, RuntimeError):
+    """Indices or offsets of a dtype the lookup cannot take: ``TypeError`` and, as torch raises,
+    ``RuntimeError``."""
+
+
+class PerSampleWeightsDtypeError(InputTypeError, RuntimeError):
+    """``per_sample_weights`` whose dtype differs from the table's where torch refuses it
+    ("have the same type as"): ``TypeError`` and ``RuntimeError``."""
+
+
+class FormatOverflowError(InputError, OverflowError):
+    """Values a fixed-point format cannot hold (a table at conversion with ``on_overflow="raise"``,
+    per-sample weights outside ``weight_type``); names the count, the worst value and the range."""
+
+
+class FormatOverflowWarning(UserWarning):
+    """Values saturated to a format's range (the ``on_overflow="warn"`` default); the message gives
+    the count, the worst value and the range, so the damage is never silent."""
 
 
 class UnsupportedError(OffloadError, NotImplementedError):

@@ -17,13 +17,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from offload.host import Device
-from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, default_acc_type
-from offload.nn.embedding import TableBatchedEmbeddingBags, _make_kernel, _table_spec
+from offload.kernels.embedding import DEFAULT_MAX_BAG_SIZE, DEFAULT_WEIGHT_TYPE, default_acc_type
+from offload.nn.embedding import TableBatchedEmbeddingBags, _float_table, _make_kernel, _table_spec
 from offload.sim.errors import FormatError, InputError
 
 __all__ = ["EmbeddingBagCollection"]
@@ -63,16 +63,20 @@ class EmbeddingBagCollection(torch.nn.Module):
         self._perm = None if perm == list(range(col)) else torch.tensor(perm, dtype=torch.int64)
 
     @classmethod
-    def from_torchrec(cls, ebc: torch.nn.Module, fmt: str = "ap_fixed<16,6>", *, max_bag_size: int = 256,
+    def from_torchrec(cls, ebc: torch.nn.Module, fmt: str = "ap_fixed<16,6>", *, max_bag_size: Optional[int] = None,
                       weight_type: str = DEFAULT_WEIGHT_TYPE, device: str | Device | None = None,
-                      dtype: torch.dtype = torch.float32) -> "EmbeddingBagCollection":
-        """From ``torchrec.EmbeddingBagCollection`` (tables quantized to ``fmt``) or
+                      dtype: torch.dtype = torch.float32, on_overflow: str = "warn") -> "EmbeddingBagCollection":
+        """From ``torchrec.EmbeddingBagCollection`` (tables quantized to ``fmt``; values it cannot hold
+        handled per ``on_overflow``, as ``EmbeddingBag.from_float``) or
         ``torchrec.quant.EmbeddingBagCollection`` (INT8 row-wise tables loaded exactly; ``fmt`` unused)."""
         import torchrec
         from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEBC
 
         if isinstance(ebc, QuantEBC):
+            # None: the longest bag each quantized table sums exactly (offload.nn.fbgemm).
             return cls._from_quant(ebc, max_bag_size=max_bag_size, weight_type=weight_type, device=device)
+        if max_bag_size is None:
+            max_bag_size = DEFAULT_MAX_BAG_SIZE
         if not isinstance(ebc, torchrec.EmbeddingBagCollection):
             raise TypeError(f"ebc: expected a torchrec EmbeddingBagCollection (float or quantized), got {type(ebc).__name__}")
         by_mode: dict[str, list] = {}
@@ -84,10 +88,11 @@ class EmbeddingBagCollection(torch.nn.Module):
         groups = []
         for mode, cfgs in by_mode.items():
             bags = [ebc.embedding_bags[c.name] for c in cfgs]
-            tables = [_table_spec(c.name, b.weight, fmt, None) for c, b in zip(cfgs, bags)]
+            ws = [_float_table(c.name, b.weight) for c, b in zip(cfgs, bags)]
+            tables = [_table_spec(c.name, w, fmt, None) for c, w in zip(cfgs, ws)]
             ftm = [t for t, c in enumerate(cfgs) for _ in c.feature_names]
             acc = default_acc_type(tables, "sum", max_bag_size, weight_type) if mode == "mean" and ebc.is_weighted() else None
-            kernel = _make_kernel(f"ebc_{mode}", tables, [b.weight for b in bags], mode=mode, max_bag_size=max_bag_size,
+            kernel = _make_kernel(f"ebc_{mode}", tables, ws, on_overflow, mode=mode, max_bag_size=max_bag_size,
                                   weight_type=weight_type, acc_type=acc,
                                   feature_table_map=None if ftm == list(range(len(cfgs))) else ftm)
             features = [f for c in cfgs for f in c.feature_names]
@@ -95,7 +100,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         return cls(groups, list(ebc._embedding_names), is_weighted=ebc.is_weighted(), weighted_mean=False)
 
     @classmethod
-    def _from_quant(cls, qebc, *, max_bag_size: int, weight_type: str, device) -> "EmbeddingBagCollection":
+    def _from_quant(cls, qebc, *, max_bag_size: Optional[int], weight_type: str, device) -> "EmbeddingBagCollection":
         from offload.nn.fbgemm import from_fbgemm
 
         # torchrec/quant/embedding_modules.py (1.8): one IntNBit TBE per (pooling, virtual table) key,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import weakref
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 import offload.ops.embedding  # noqa: F401  (registers torch.ops.offload.embedding_lookup*)
@@ -28,7 +29,9 @@ from offload.ops.resident import Resident, make_resident, release_resident
 from offload.host import Device
 from offload.kernels import Kernel
 from offload.kernels.embedding import (
+    DEFAULT_MAX_BAG_SIZE,
     DEFAULT_WEIGHT_TYPE,
+    OVERFLOW_POLICIES,
     ROWWISE,
     EmbeddingSpec,
     TableSpec,
@@ -36,58 +39,106 @@ from offload.kernels.embedding import (
     make_spec,
     rowwise_param_type,
 )
-from offload.sim.errors import FormatError, InputError
+from offload.sim import embedding as _sim
+from offload.sim.errors import (
+    FormatError,
+    IndexDtypeError,
+    InputError,
+    InputTypeError,
+    OffloadError,
+    OffsetsError,
+    PerSampleWeightsDtypeError,
+    UnsupportedError,
+)
 
 __all__ = ["EmbeddingBag", "Embedding", "TableBatchedEmbeddingBags"]
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# torch 2.13's embedding_bag takes any of these index/offset dtypes (probed: int8/int16/uint8 are
+# accepted next to int32/int64), torch.nn.functional.embedding only int32/int64.
+_BAG_INDEX_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
+_EMB_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _table_spec(name: str, weight: torch.Tensor, fmt: str, padding_idx: Optional[int], bundle: Optional[str] = None) -> TableSpec:
-    w = weight.detach().cpu().double().numpy()
+def _float_table(name: str, weight: torch.Tensor) -> np.ndarray:
+    """The table as float64 (exact for every torch float dtype); non-finite tables are refused."""
+    w = weight.detach().cpu().to(torch.float64).numpy()
+    bad = ~np.isfinite(w)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise InputError(f"{name}: {int(bad.sum())} non-finite table values (first weight[{int(r)}, {int(c)}] = {float(w[r, c])}); "
+                         "a fixed-point table cannot hold them")
+    return w
+
+
+def _table_spec(name: str, w: np.ndarray, fmt: str, padding_idx: Optional[int], bundle: Optional[str] = None) -> TableSpec:
     rows, dim = w.shape
     if fmt == ROWWISE:
         return TableSpec(name, rows, dim, ROWWISE, rowwise_param_type(w), padding_idx, bundle)
     return TableSpec(name, rows, dim, fmt, None, padding_idx, bundle)
 
 
-def _make_kernel(name: str, tables: Sequence[TableSpec], weights: Sequence[torch.Tensor], **spec: object) -> Kernel:
+def _make_kernel(name: str, tables: Sequence[TableSpec], weights: Sequence[np.ndarray], on_overflow: str, **spec: object) -> Kernel:
     """The quantized kernel of ``tables``. :mod:`offload.kernels.embedding` refuses with plain
-    ValueErrors: in ``make_spec`` a type it cannot parse or hold (format, accumulator or product
-    too wide), in ``make_kernel`` table values it cannot represent (NaN); here they become the
-    hierarchy's refusals, which the partitioner turns into "kept on host"."""
+    ValueErrors in ``make_spec`` a type it cannot parse or hold (format, accumulator or product
+    too wide: the one conversion-time error for a ``max_bag_size`` the accumulator cannot cover);
+    here they become the hierarchy's refusals, which the partitioner turns into "kept on host"."""
+    if on_overflow not in OVERFLOW_POLICIES:
+        raise InputError(f"on_overflow: must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
+    if spec.get("max_bag_size") is None:
+        spec["max_bag_size"] = DEFAULT_MAX_BAG_SIZE
     try:
         kspec = make_spec(tables, **spec)
+    except OffloadError:
+        raise
     except ValueError as e:
         raise FormatError(str(e)) from e
     try:
-        return make_kernel(name, kspec, [w.detach().cpu().double().numpy() for w in weights])
+        return make_kernel(name, kspec, list(weights), on_overflow=on_overflow)
+    except OffloadError:
+        raise
     except ValueError as e:
         raise InputError(str(e)) from e
 
 
-def _check_dtypes(indices: torch.Tensor, offsets: Optional[torch.Tensor], psw: Optional[torch.Tensor]) -> None:
+def _check_index_dtypes(allowed, indices: torch.Tensor, offsets: Optional[torch.Tensor]) -> None:
     # Early, static checks (no data reads, so torch.compile traces through them); the kernel's
     # validate() checks values on the device side before any work.
-    if not isinstance(indices, torch.Tensor) or indices.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"input: dtype must be torch.int32 or torch.int64, got {getattr(indices, 'dtype', type(indices).__name__)}")
-    if offsets is not None and offsets.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"offsets: dtype must be torch.int32 or torch.int64, got {offsets.dtype}")
-    if psw is not None and not psw.dtype.is_floating_point:
-        raise TypeError(f"per_sample_weights: dtype must be floating point, got {psw.dtype}")
+    names = ", ".join(str(d) for d in allowed)
+    if not isinstance(indices, torch.Tensor) or indices.dtype not in allowed:
+        raise IndexDtypeError(f"input: dtype must be one of {names}, got {getattr(indices, 'dtype', type(indices).__name__)}")
+    if offsets is not None and (not isinstance(offsets, torch.Tensor) or offsets.dtype not in allowed):
+        raise IndexDtypeError(f"offsets: dtype must be one of {names}, got {getattr(offsets, 'dtype', type(offsets).__name__)}")
+
+
+def _check_psw(psw: torch.Tensor, mode: str, dtype: torch.dtype) -> None:
+    # torch's order (torch/nn/functional.py embedding_bag, then ATen): mode first, then the dtype,
+    # which the CPU kernel wants equal to the weight's ("have the same type as").
+    if mode != "sum":
+        raise UnsupportedError(f"per_sample_weights: only supported for mode='sum', this bag's mode is {mode!r}")
+    if psw.dtype != dtype:
+        raise PerSampleWeightsDtypeError(f"per_sample_weights: dtype {psw.dtype} must be the bag's weight dtype {dtype} (as torch requires)")
 
 
 class _Resident(torch.nn.Module):
-    """Holds one resident embedding kernel; releases it when the module is collected."""
+    """Holds one resident embedding kernel; releases it when the module is collected.
 
-    def __init__(self, kernel: Kernel, device: str | Device | None, dtype: torch.dtype) -> None:
+    Inference-only: the lookups are fixed-point kernels on a card, with no gradient. An output
+    computed from inputs that require grad (``per_sample_weights``) raises
+    :class:`~offload.sim.errors.UnsupportedError` at ``backward()`` (:mod:`offload.ops.autograd`).
+    """
+
+    def __init__(self, kernel: Kernel, device: str | Device | None, dtype: torch.dtype, on_overflow: str = "warn") -> None:
         super().__init__()
-        if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-            raise TypeError(f"dtype: must be a floating point torch dtype, got {dtype}")
+        if dtype not in _FLOAT_DTYPES:
+            raise InputTypeError(f"dtype: must be a floating point torch dtype, got {dtype}")
+        if on_overflow not in OVERFLOW_POLICIES:
+            raise InputError(f"on_overflow: must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
         self._kernel = kernel
-        self._res: Resident = make_resident(kernel, device)
+        self._res: Resident = make_resident(kernel, device, on_overflow)
         self.rid: int = self._res.id
         self.dtype = dtype
+        self.on_overflow = on_overflow
         weakref.finalize(self, release_resident, self.rid)
 
     @property
@@ -98,10 +149,42 @@ class _Resident(torch.nn.Module):
         """The kernels this module runs (for the bundle saver)."""
         return [self._kernel]
 
+    def _table_values(self, t: int) -> np.ndarray:
+        """Table ``t`` as the kernel reads it (float64, exact: every value type is <= 53 bits wide
+        or a multiple of a power of two that float64 rounds like ``to_double()``)."""
+        ts = self.spec.tables[t]
+        raw = _sim.gather_values(self._kernel.tensors[f"table{t}"], np.arange(ts.num_rows), self._kernel.tensors.get(f"params{t}"))
+        return self.spec.value_types[t].to_float(raw)
 
-class EmbeddingBag(_Resident):
+    def _weight(self, values: np.ndarray) -> torch.Tensor:
+        # An inference tensor: in-place writes outside torch.inference_mode raise, and each read
+        # is a fresh copy, so nothing a caller does to it reaches the resident table.
+        with torch.inference_mode():
+            return torch.from_numpy(values).to(self.dtype)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "weight":
+            raise UnsupportedError("weight: the table is quantized and resident on the device (read-only); "
+                                   "change the float module and convert it again with from_float")
+        super().__setattr__(name, value)
+
+
+class _SingleTable(_Resident):
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized table (``num_embeddings x embedding_dim``, in the module's dtype):
+        the values the kernel pools, read-only (a fresh inference tensor on each read)."""
+        return self._weight(self._table_values(0))
+
+
+class EmbeddingBag(_SingleTable):
     """``torch.nn.EmbeddingBag`` on the offload device: modes sum/mean/max, offsets with or without
-    ``include_last_offset``, 2-D fixed-length input, ``per_sample_weights`` (sum), ``padding_idx``.
+    ``include_last_offset``, 2-D fixed-length input, ``per_sample_weights`` (sum), ``padding_idx``;
+    the same results (to the format's precision), dtypes and error types as torch.
+
+    Refused at conversion: ``max_norm`` (renormalises rows at lookup time), non-finite tables;
+    table values the format cannot hold are saturated with a warning, refused, or saturated
+    silently (``on_overflow``). Inference-only (see :class:`_Resident`).
 
     Example::
 
@@ -109,14 +192,16 @@ class EmbeddingBag(_Resident):
         y = m(torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2]))
     """
 
-    def __init__(self, kernel: Kernel, *, include_last_offset: bool = False, device: str | Device | None = None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, kernel: Kernel, *, include_last_offset: bool = False, device: str | Device | None = None,
+                 dtype: torch.dtype = torch.float32, on_overflow: str = "warn") -> None:
         if kernel.spec.num_tables != 1:
-            raise ValueError(f"EmbeddingBag: kernel {kernel.name!r} has {kernel.spec.num_tables} tables; use TableBatchedEmbeddingBags")
-        super().__init__(kernel, device, dtype)
+            raise InputError(f"EmbeddingBag: kernel {kernel.name!r} has {kernel.spec.num_tables} tables; use TableBatchedEmbeddingBags")
+        super().__init__(kernel, device, dtype, on_overflow)
         self.include_last_offset = bool(include_last_offset)
         self.mode = kernel.spec.mode
         self.embedding_dim = kernel.spec.tables[0].dim
         self.num_embeddings = kernel.spec.tables[0].num_rows
+        self.padding_idx = kernel.spec.tables[0].padding_idx
 
     @classmethod
     def from_float(
@@ -124,46 +209,69 @@ class EmbeddingBag(_Resident):
         bag: torch.nn.EmbeddingBag,
         fmt: str = "ap_fixed<16,6>",
         *,
-        max_bag_size: int = 256,
+        max_bag_size: Optional[int] = None,
         acc_type: Optional[str] = None,
         out_type: Optional[str] = None,
         weight_type: str = DEFAULT_WEIGHT_TYPE,
+        on_overflow: str = "warn",
         device: str | Device | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: Optional[torch.dtype] = None,
         name: str = "embedding_bag",
     ) -> "EmbeddingBag":
-        """Quantize ``bag``'s table to ``fmt`` and make it resident on ``device`` (default: active)."""
+        """Quantize ``bag``'s table to ``fmt`` and make it resident on ``device`` (default: active).
+
+        ``max_bag_size``: the longest bag the accumulator is sized for (default
+        :data:`~offload.kernels.embedding.DEFAULT_MAX_BAG_SIZE`); longer bags still run.
+        ``on_overflow``: table values (and, at call time, per-sample weights) the format cannot
+        hold: ``"warn"`` (saturate and warn with the count and worst value), ``"raise"``
+        (:class:`~offload.sim.errors.FormatOverflowError`) or ``"saturate"`` (silently).
+        ``dtype``: the output dtype, by default the bag's weight dtype (as torch returns).
+        """
         if not isinstance(bag, torch.nn.EmbeddingBag):
-            raise TypeError(f"bag: expected torch.nn.EmbeddingBag, got {type(bag).__name__}")
+            raise InputTypeError(f"bag: expected torch.nn.EmbeddingBag, got {type(bag).__name__}")
         if bag.max_norm is not None:
-            raise InputError("bag: max_norm renormalises rows at lookup time; not supported on the offload kernel")
-        ts = _table_spec(name, bag.weight, fmt, bag.padding_idx)
-        kernel = _make_kernel(name, [ts], [bag.weight], mode=bag.mode, max_bag_size=max_bag_size, acc_type=acc_type,
+            raise UnsupportedError("bag: max_norm renormalises rows at lookup time; not supported on the offload kernel")
+        w = _float_table(name, bag.weight)
+        ts = _table_spec(name, w, fmt, bag.padding_idx)
+        kernel = _make_kernel(name, [ts], [w], on_overflow, mode=bag.mode, max_bag_size=max_bag_size, acc_type=acc_type,
                               out_type=out_type, weight_type=weight_type)
-        return cls(kernel, include_last_offset=bag.include_last_offset, device=device, dtype=dtype)
+        return cls(kernel, include_last_offset=bag.include_last_offset, device=device,
+                   dtype=bag.weight.dtype if dtype is None else dtype, on_overflow=on_overflow)
 
     def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None, per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-        _check_dtypes(input, offsets, per_sample_weights)
-        if per_sample_weights is not None:
-            if self.mode != "sum":
-                raise ValueError(f"per_sample_weights: only supported with mode='sum', this bag's mode is {self.mode!r}")
-            if per_sample_weights.shape != input.shape:
-                raise ValueError(f"per_sample_weights: shape {tuple(per_sample_weights.shape)} must match input {tuple(input.shape)}")
-        if input.dim() == 2:
+        # Checks in torch.nn.functional.embedding_bag's order (torch 2.13), so a call with several
+        # faults gets the error torch gives.
+        if not isinstance(input, torch.Tensor):
+            raise IndexDtypeError(f"input: expected a tensor, got {type(input).__name__}")
+        if per_sample_weights is not None and per_sample_weights.shape != input.shape:
+            raise InputError(f"per_sample_weights: shape {tuple(per_sample_weights.shape)} must be the same shape as the input {tuple(input.shape)}")
+        two_d = input.dim() == 2
+        if two_d:
             if offsets is not None:
-                raise ValueError("offsets: must be None for 2-D input (each row is one bag)")
+                raise InputError("offsets: must be None for 2-D input (each row is one bag)")
             b, n = input.shape
+            if n == 0 and b > 0:
+                raise OffsetsError("input: 2-D input with 0 columns has no bag layout (torch: 'step must be nonzero')")
             offsets = torch.arange(b + 1, device=input.device, dtype=torch.int64) * n
             input = input.reshape(-1)
             if per_sample_weights is not None:
                 per_sample_weights = per_sample_weights.reshape(-1)
         elif input.dim() == 1:
-            if offsets is None or offsets.dim() != 1:
-                raise ValueError("offsets: a 1-D offsets tensor is required for 1-D input")
-            if not self.include_last_offset:
-                offsets = torch.cat([offsets.to(torch.int64), offsets.new_full((1,), input.shape[0], dtype=torch.int64)])
+            if offsets is None:
+                raise InputError("offsets: a 1-D offsets tensor is required for 1-D input, got None")
+            if offsets.dim() != 1:
+                raise InputError(f"offsets: must be a 1-D tensor, got shape {tuple(offsets.shape)}")
         else:
-            raise ValueError(f"input: must be 1-D or 2-D, got shape {tuple(input.shape)}")
+            raise InputError(f"input: must be 1-D or 2-D, got shape {tuple(input.shape)}")
+        if per_sample_weights is not None:
+            _check_psw(per_sample_weights, self.mode, self.dtype)
+        _check_index_dtypes(_BAG_INDEX_DTYPES, input, offsets)
+        if not two_d and not self.include_last_offset:
+            if offsets.shape[0] == 0:  # no bags: torch returns (0, D) whatever the indices
+                return input.new_zeros((0, self.embedding_dim), dtype=self.dtype)
+            offsets = torch.cat([offsets.to(torch.int64), offsets.new_full((1,), input.shape[0], dtype=torch.int64)])
+        elif not two_d and offsets.shape[0] == 0:
+            raise OffsetsError("offsets: include_last_offset needs at least 1 offset, got 0")
         return torch.ops.offload.embedding_lookup(self.rid, input, offsets, per_sample_weights, self.dtype)
 
     def extra_repr(self) -> str:
@@ -171,10 +279,12 @@ class EmbeddingBag(_Resident):
         return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, fmt={s.tables[0].fmt!r}, acc={str(s.acc_type)!r}"
 
 
-class Embedding(_Resident):
+class Embedding(_SingleTable):
     """``torch.nn.Embedding`` (plain lookup, any input shape) on the same kernel: one-entry bags.
 
     The padding row is looked up like any other (torch returns ``weight[padding_idx]`` too).
+    Indices int32/int64, as torch; an index outside the table raises an error that is both
+    ``IndexError`` (as torch's) and ``RuntimeError``. Inference-only (see :class:`_Resident`).
 
     Example::
 
@@ -182,25 +292,31 @@ class Embedding(_Resident):
         y = m(torch.tensor([[1, 2], [3, 4]]))      # 2 x 2 x 8
     """
 
-    def __init__(self, kernel: Kernel, *, device: str | Device | None = None, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__(kernel, device, dtype)
+    def __init__(self, kernel: Kernel, *, device: str | Device | None = None, dtype: torch.dtype = torch.float32,
+                 on_overflow: str = "warn", padding_idx: Optional[int] = None) -> None:
+        super().__init__(kernel, device, dtype, on_overflow)
         self.embedding_dim = kernel.spec.tables[0].dim
         self.num_embeddings = kernel.spec.tables[0].num_rows
+        self.padding_idx = padding_idx  # the source's, for its surface only: torch looks the row up too
 
     @classmethod
     def from_float(cls, emb: torch.nn.Embedding, fmt: str = "ap_fixed<16,6>", *, out_type: Optional[str] = None,
-                   device: str | Device | None = None, dtype: torch.dtype = torch.float32, name: str = "embedding") -> "Embedding":
-        """Quantize ``emb``'s table to ``fmt`` and make it resident."""
+                   on_overflow: str = "warn", device: str | Device | None = None, dtype: Optional[torch.dtype] = None,
+                   name: str = "embedding") -> "Embedding":
+        """Quantize ``emb``'s table to ``fmt`` and make it resident (``on_overflow``, ``dtype`` as
+        in :meth:`EmbeddingBag.from_float`)."""
         if not isinstance(emb, torch.nn.Embedding):
-            raise TypeError(f"emb: expected torch.nn.Embedding, got {type(emb).__name__}")
+            raise InputTypeError(f"emb: expected torch.nn.Embedding, got {type(emb).__name__}")
         if emb.max_norm is not None:
-            raise InputError("emb: max_norm renormalises rows at lookup time; not supported on the offload kernel")
-        ts = _table_spec(name, emb.weight, fmt, None)
-        kernel = _make_kernel(name, [ts], [emb.weight], mode="sum", max_bag_size=1, out_type=out_type)
-        return cls(kernel, device=device, dtype=dtype)
+            raise UnsupportedError("emb: max_norm renormalises rows at lookup time; not supported on the offload kernel")
+        w = _float_table(name, emb.weight)
+        ts = _table_spec(name, w, fmt, None)
+        kernel = _make_kernel(name, [ts], [w], on_overflow, mode="sum", max_bag_size=1, out_type=out_type)
+        return cls(kernel, device=device, dtype=emb.weight.dtype if dtype is None else dtype, on_overflow=on_overflow,
+                   padding_idx=emb.padding_idx)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        _check_dtypes(input, None, None)
+        _check_index_dtypes(_EMB_INDEX_DTYPES, input, None)
         flat = input.reshape(-1)
         offsets = torch.arange(flat.shape[0] + 1, device=input.device, dtype=torch.int64)
         y = torch.ops.offload.embedding_lookup(self.rid, flat, offsets, None, self.dtype)
@@ -214,6 +330,7 @@ class TableBatchedEmbeddingBags(_Resident):
     (table 0's bags first), ``offsets`` has ``T*B+1`` entries (bag ``b`` of table ``t`` is
     ``indices[offsets[t*B+b]:offsets[t*B+b+1]]``); the result is ``B x sum(dims)``, table ``t`` in
     columns ``col_t:col_t+dim_t``. All tables share one mode. ``EmbeddingBag`` is the T=1 case.
+    Inference-only (see :class:`_Resident`).
 
     Example::
 
@@ -222,8 +339,8 @@ class TableBatchedEmbeddingBags(_Resident):
     """
 
     def __init__(self, kernel: Kernel, *, device: str | Device | None = None, dtype: torch.dtype = torch.float32,
-                 bounds_check: str = "fatal") -> None:
-        super().__init__(kernel, device, dtype)
+                 bounds_check: str = "fatal", on_overflow: str = "warn") -> None:
+        super().__init__(kernel, device, dtype, on_overflow)
         if bounds_check not in ("fatal", "warning", "ignore"):
             raise InputError(f"bounds_check: must be 'fatal', 'warning' or 'ignore' (FBGEMM's BoundsCheckMode), got {bounds_check!r}")
         spec = kernel.spec
@@ -257,37 +374,52 @@ class TableBatchedEmbeddingBags(_Resident):
         fmt: str | Sequence[str] = "ap_fixed<16,6>",
         *,
         names: Optional[Sequence[str]] = None,
-        max_bag_size: int = 256,
+        max_bag_size: Optional[int] = None,
         acc_type: Optional[str] = None,
         out_type: Optional[str] = None,
         weight_type: str = DEFAULT_WEIGHT_TYPE,
+        on_overflow: str = "warn",
         device: str | Device | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: Optional[torch.dtype] = None,
         name: str = "tbe",
     ) -> "TableBatchedEmbeddingBags":
-        """Quantize each bag's table (``fmt`` one for all or one per table) into one kernel."""
+        """Quantize each bag's table (``fmt`` one for all or one per table) into one kernel
+        (``max_bag_size``, ``on_overflow``, ``dtype`` as in :meth:`EmbeddingBag.from_float`; the
+        default dtype is the tables' common dtype)."""
         bags = list(bags)
         if not bags or not all(isinstance(b, torch.nn.EmbeddingBag) for b in bags):
-            raise TypeError("bags: expected a non-empty sequence of torch.nn.EmbeddingBag")
+            raise InputTypeError("bags: expected a non-empty sequence of torch.nn.EmbeddingBag")
         for i, b in enumerate(bags):
             if b.max_norm is not None:
-                raise InputError(f"bags[{i}]: max_norm renormalises rows at lookup time; not supported on the offload kernel")
+                raise UnsupportedError(f"bags[{i}]: max_norm renormalises rows at lookup time; not supported on the offload kernel")
         modes = {b.mode for b in bags}
         if len(modes) != 1:
-            raise ValueError(f"bags: all tables of one kernel share a mode, got {sorted(modes)}")
+            raise InputError(f"bags: all tables of one kernel share a mode, got {sorted(modes)}")
         fmts = [fmt] * len(bags) if isinstance(fmt, str) else list(fmt)
         names = list(names) if names is not None else [f"t{i}" for i in range(len(bags))]
         if len(fmts) != len(bags) or len(names) != len(bags):
-            raise ValueError(f"fmt/names: need one per table ({len(bags)})")
-        tables = [_table_spec(n, b.weight, f, b.padding_idx) for n, b, f in zip(names, bags, fmts)]
-        kernel = _make_kernel(name, tables, [b.weight for b in bags], mode=modes.pop(), max_bag_size=max_bag_size,
+            raise InputError(f"fmt/names: need one per table ({len(bags)})")
+        if dtype is None:
+            dtypes = {b.weight.dtype for b in bags}
+            dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+        ws = [_float_table(n, b.weight) for n, b in zip(names, bags)]
+        tables = [_table_spec(n, w, f, b.padding_idx) for n, w, b, f in zip(names, ws, bags, fmts)]
+        kernel = _make_kernel(name, tables, ws, on_overflow, mode=modes.pop(), max_bag_size=max_bag_size,
                               acc_type=acc_type, out_type=out_type, weight_type=weight_type)
-        return cls(kernel, device=device, dtype=dtype)
+        return cls(kernel, device=device, dtype=dtype, on_overflow=on_overflow)
+
+    @property
+    def weights(self) -> list[torch.Tensor]:
+        """Each table dequantized (read-only inference tensors, as :attr:`EmbeddingBag.weight`)."""
+        return [self._weight(self._table_values(t)) for t in range(self.spec.num_tables)]
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-        _check_dtypes(indices, offsets, per_sample_weights)
-        if per_sample_weights is not None and self.mode == "max":  # FBGEMM weights sum and mean bags
-            raise ValueError(f"per_sample_weights: only supported with mode 'sum' or 'mean', this kernel's mode is {self.mode!r}")
+        _check_index_dtypes(_BAG_INDEX_DTYPES, indices, offsets)
+        if per_sample_weights is not None:
+            if self.mode == "max":  # FBGEMM weights sum and mean bags
+                raise UnsupportedError(f"per_sample_weights: only supported with mode 'sum' or 'mean', this kernel's mode is {self.mode!r}")
+            if not per_sample_weights.dtype.is_floating_point:
+                raise InputTypeError(f"per_sample_weights: dtype must be floating point, got {per_sample_weights.dtype}")
         if self.bounds_check != "fatal":
             from offload.nn.fbgemm import bounds_check
 

@@ -28,7 +28,7 @@ import torch
 
 from offload.host import Device
 from offload.kernels import Kernel
-from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, ROWWISE, EmbeddingSpec, TableSpec, container_dtype, default_acc_type, make_spec
+from offload.kernels.embedding import DEFAULT_MAX_BAG_SIZE, DEFAULT_WEIGHT_TYPE, ROWWISE, EmbeddingSpec, TableSpec, container_dtype, default_acc_type, longest_exact_bag, make_spec
 from offload.sim.errors import FormatError, InputError, InputIndexError
 
 __all__ = ["BOUNDS_CHECK_MODES", "rowwise_params", "split_rowwise", "bounds_check", "rowwise_kernel", "from_fbgemm", "from_rowwise"]
@@ -112,7 +112,7 @@ def _rowwise_table(name: str, codes: np.ndarray, scale: np.ndarray, bias: np.nda
 
 
 def rowwise_kernel(name: str, tables: Sequence[tuple[str, np.ndarray, np.ndarray, np.ndarray]], *, mode: str = "sum",
-                   feature_table_map: Optional[Sequence[int]] = None, max_bag_size: int = 256,
+                   feature_table_map: Optional[Sequence[int]] = None, max_bag_size: Optional[int] = None,
                    weight_type: str = DEFAULT_WEIGHT_TYPE, weighted_mean: bool = False) -> Kernel:
     """A kernel over pre-quantized row-wise tables ``(name, codes, scale, bias)``, stored exactly."""
     specs, tensors = [], {}
@@ -124,6 +124,8 @@ def rowwise_kernel(name: str, tables: Sequence[tuple[str, np.ndarray, np.ndarray
 
 
 def _spec(tables, mode, feature_table_map, max_bag_size, weight_type, weighted_mean) -> EmbeddingSpec:
+    if max_bag_size is None:  # exact fp32 scale/bias make wide values: the longest bag that still sums exactly
+        max_bag_size = longest_exact_bag(tables, "sum" if weighted_mean else mode, weight_type)
     try:
         # Weighted means need the sum's accumulator (room for the weights' integer bits).
         acc = default_acc_type(tables, "sum", max_bag_size, weight_type) if weighted_mean and mode == "mean" else None
@@ -199,8 +201,8 @@ def _pooling(tbe) -> str:
     return _POOLING[mode]
 
 
-def from_fbgemm(cls, tbe, fmt: str = "ap_fixed<16,6>", *, max_bag_size: int = 256, weight_type: str = DEFAULT_WEIGHT_TYPE,
-                device: str | Device | None = None, name: str = "tbe"):
+def from_fbgemm(cls, tbe, fmt: str = "ap_fixed<16,6>", *, max_bag_size: Optional[int] = None, weight_type: str = DEFAULT_WEIGHT_TYPE,
+                device: str | Device | None = None, name: str = "tbe", on_overflow: str = "warn"):
     """``cls`` (TableBatchedEmbeddingBags) from an FBGEMM TBE module; see the module docstring."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
@@ -214,18 +216,20 @@ def from_fbgemm(cls, tbe, fmt: str = "ap_fixed<16,6>", *, max_bag_size: int = 25
     if isinstance(tbe, IntNBitTableBatchedEmbeddingBagsCodegen):
         kernel = intnbit_kernel(tbe, name=name, mode=mode, feature_table_map=ftm_arg, max_bag_size=max_bag_size, weight_type=weight_type)
     else:
-        from offload.nn.embedding import _make_kernel, _table_spec
+        from offload.nn.embedding import _float_table, _make_kernel, _table_spec
 
-        weights = [w.detach() for w in tbe.split_embedding_weights()]
+        weights = [_float_table(f"t{t}", w) for t, w in enumerate(tbe.split_embedding_weights())]
         tables = [_table_spec(f"t{t}", w, fmt, None) for t, w in enumerate(weights)]
         # Weighted means need the sum's accumulator (room for the weights' integer bits).
+        if max_bag_size is None:
+            max_bag_size = DEFAULT_MAX_BAG_SIZE
         acc = default_acc_type(tables, "sum", max_bag_size, weight_type) if mode == "mean" else None
-        kernel = _make_kernel(name, tables, weights, mode=mode, max_bag_size=max_bag_size, weight_type=weight_type,
+        kernel = _make_kernel(name, tables, weights, on_overflow, mode=mode, max_bag_size=max_bag_size, weight_type=weight_type,
                               acc_type=acc, feature_table_map=ftm_arg)
     return cls(kernel, device=device, dtype=_output_dtype(tbe), bounds_check=bounds)
 
 
-def intnbit_kernel(tbe, *, name: str, mode: str, feature_table_map: Optional[Sequence[int]], max_bag_size: int,
+def intnbit_kernel(tbe, *, name: str, mode: str, feature_table_map: Optional[Sequence[int]], max_bag_size: Optional[int],
                    weight_type: str) -> Kernel:
     """The exact row-wise kernel of an IntNBit TBE's INT8 tables (FP32/FP16/INT4/INT2 tables are refused)."""
     tables = []
@@ -241,7 +245,7 @@ def intnbit_kernel(tbe, *, name: str, mode: str, feature_table_map: Optional[Seq
 
 def from_rowwise(cls, packed: Sequence[torch.Tensor], layout: str = "fp32_end", *, mode: str = "sum",
                  names: Optional[Sequence[str]] = None, feature_table_map: Optional[Sequence[int]] = None,
-                 max_bag_size: int = 256, weight_type: str = DEFAULT_WEIGHT_TYPE, device: str | Device | None = None,
+                 max_bag_size: Optional[int] = None, weight_type: str = DEFAULT_WEIGHT_TYPE, device: str | Device | None = None,
                  dtype: torch.dtype = torch.float32, bounds_check: str = "fatal", name: str = "rowwise"):
     """``cls`` (TableBatchedEmbeddingBags) over pre-quantized packed uint8 tables, one per entry of
     ``packed``, in ``layout`` (see :func:`split_rowwise`); values are ``code * scale + bias`` exactly."""

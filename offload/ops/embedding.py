@@ -25,15 +25,21 @@ import torch
 from offload.ops.autograd import register_inference_only
 from offload.ops.resident import get_resident
 from offload.sim.embedding_fused import using_threads
+from offload.kernels.embedding import quantize_checked
+from offload.sim.errors import IndexDtypeError, InputError, InputTypeError, UnsupportedError
 
-__all__ = ["lookup_numpy"]
+__all__ = ["lookup_numpy", "quantize_weights"]
 
 _SCHEMA = "(int rid, Tensor indices, Tensor offsets, Tensor? per_sample_weights, ScalarType dtype) -> Tensor"
 _lib = torch.library.Library("offload", "FRAGMENT")
 _lib.define("embedding_lookup" + _SCHEMA)
 _lib.define("embedding_lookup_tbe" + _SCHEMA)
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
+# Index dtypes the ops take (torch's embedding_bag takes int32/int64 only, see
+# aten/src/ATen/native/EmbeddingBag.cpp at v2.13: checkScalarTypes(... {kLong, kInt})). The kernel
+# contract is int32/int64; narrower integers are widened here on the host, losslessly.
+_INDEX_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
+_NARROW = (torch.int16, torch.int8, torch.uint8)
 _NP_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.float64: np.float64}
 
 
@@ -41,19 +47,39 @@ def _host(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
+    if t.dtype in _NARROW:
+        t = t.to(torch.int32)
     return t.contiguous().numpy()
 
 
-def _run_raw(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None):
-    res = get_resident(rid)
+def _host_weights(t: torch.Tensor) -> np.ndarray:
+    # float64 holds every bfloat16/float16/float32 value exactly (and NumPy has no bfloat16).
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype != torch.float64:
+        t = t.to(torch.float64)
+    return t.contiguous().numpy()
+
+
+def quantize_weights(w: np.ndarray, wt, on_overflow: str) -> np.ndarray:
+    """Float per-sample weights -> raw ``wt`` integers. Values outside ``wt``'s range are counted
+    and handled by ``on_overflow`` (:func:`offload.kernels.embedding.quantize_checked`: warn and
+    saturate, raise, or saturate), never wrapped; non-finite weights are refused."""
+    if w.size and not np.isfinite(w).all():
+        p = int(np.flatnonzero(~np.isfinite(w))[0])
+        raise InputError(f"per_sample_weights[{p}] = {float(w[p])}: weights must be finite")
+    return np.asarray(quantize_checked(wt, w, "per_sample_weights", on_overflow), dtype=np.int64)
+
+
+def _run_raw(res, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None):
     spec = res.kernel.spec
-    wt = spec.weight_type
     inputs = {"indices": indices, "offsets": offsets}
     if per_sample_weights is not None:
         if per_sample_weights.dtype.kind != "f":
-            raise TypeError(f"per_sample_weights: must be floating point, got {per_sample_weights.dtype}")
-        # Quantized with weight_type's own rounding and overflow modes (saturating by default).
-        inputs["per_sample_weights"] = np.asarray(wt.quantize(per_sample_weights.astype(np.float64, copy=False)), dtype=np.int64)
+            raise InputTypeError(f"per_sample_weights: must be floating point, got {per_sample_weights.dtype}")
+        inputs["per_sample_weights"] = quantize_weights(per_sample_weights.astype(np.float64, copy=False),
+                                                        spec.weight_type, res.on_overflow)
     # The sim device's fused kernels use as many threads as torch would (other devices ignore it).
     with using_threads(torch.get_num_threads()):
         return res.device.run(res.handle, inputs)["out"], spec.out_type
@@ -62,9 +88,10 @@ def _run_raw(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weig
 def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None) -> np.ndarray:
     """Run the resident kernel on host arrays; returns the float64 pooled rows ``B x total_dim``.
 
-    ``per_sample_weights`` are floats, quantized here to the kernel's ``weight_type``.
+    ``per_sample_weights`` are floats, quantized here to the kernel's ``weight_type``
+    (see :func:`quantize_weights`).
     """
-    raw, out_t = _run_raw(rid, indices, offsets, per_sample_weights)
+    raw, out_t = _run_raw(get_resident(rid), indices, offsets, per_sample_weights)
     return np.asarray(out_t.to_float(raw), dtype=np.float64)
 
 
@@ -81,26 +108,55 @@ def _to_dtype(raw: np.ndarray, out_t, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _check(indices: torch.Tensor, offsets: torch.Tensor, psw: Optional[torch.Tensor]) -> None:
+    names = ", ".join(str(d).replace("torch.", "") for d in _INDEX_DTYPES)
     if indices.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"indices: dtype must be torch.int32 or torch.int64, got {indices.dtype}")
+        raise IndexDtypeError(f"indices: dtype must be one of {names}, got {indices.dtype}")
     if offsets.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"offsets: dtype must be torch.int32 or torch.int64, got {offsets.dtype}")
+        raise IndexDtypeError(f"offsets: dtype must be one of {names}, got {offsets.dtype}")
     if psw is not None and not psw.dtype.is_floating_point:
-        raise TypeError(f"per_sample_weights: dtype must be floating point, got {psw.dtype}")
+        raise InputTypeError(f"per_sample_weights: dtype must be floating point, got {psw.dtype}")
 
 
-def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor], dtype: torch.dtype,
+          single: bool = False) -> torch.Tensor:
     _check(indices, offsets, per_sample_weights)
-    w = None if per_sample_weights is None else _host(per_sample_weights)
-    raw, out_t = _run_raw(rid, _host(indices), _host(offsets), w)
+    res = get_resident(rid)
+    idx, off = _host(indices), _host(offsets)
+    w = None if per_sample_weights is None else _host_weights(per_sample_weights)
+    if single:
+        if res.kernel.spec.num_tables != 1:
+            raise InputError("embedding_lookup: the kernel has several tables; use embedding_lookup_tbe")
+        idx, off, w = _last_bag_as_torch(res.kernel.spec, idx, off, w)
+    raw, out_t = _run_raw(res, idx, off, w)
     y = _to_dtype(raw, out_t, dtype)
     return y if indices.device.type == "cpu" else y.to(indices.device)
 
 
+def _last_bag_as_torch(spec, idx: np.ndarray, off: np.ndarray, w: np.ndarray | None):
+    """A last offset short of ``len(indices)`` (include_last_offset), as torch 2.13's CPU kernel
+    (aten/src/ATen/native/EmbeddingBag.cpp) reads it: the last bag runs to ``len(indices)`` in mode
+    max or with a padding_idx (pytorch issue 89677, pinned by test_embeddingbag_include_last_offset),
+    to the last offset in mode sum; in mode mean torch sums to the last offset but divides by the
+    count to ``len(indices)``, which no bag layout gives: refused (documented) rather than guessed."""
+    n = idx.shape[0]
+    if off.shape[0] < 2:
+        return idx, off, w
+    last = int(off[-1])
+    if last >= n or last < int(off[-2]):
+        return idx, off, w  # the usual case, or offsets validate() refuses
+    if spec.mode == "max" or spec.tables[0].padding_idx is not None:
+        off = off.copy()
+        off[-1] = n
+        return idx, off, w
+    if spec.mode == "mean":
+        raise UnsupportedError(
+            f"offsets: include_last_offset with a last offset ({last}) short of len(input) ({n}) in mode 'mean' "
+            "without padding_idx: torch 2.13 divides that bag by a count it does not sum; pass offsets[-1] == len(input)")
+    return idx[:last], off, None if w is None else w[:last]
+
+
 def _impl_single(rid, indices, offsets, per_sample_weights, dtype):
-    if get_resident(rid).kernel.spec.num_tables != 1:
-        raise ValueError("embedding_lookup: the kernel has several tables; use embedding_lookup_tbe")
-    return _impl(rid, indices, offsets, per_sample_weights, dtype)
+    return _impl(rid, indices, offsets, per_sample_weights, dtype, single=True)
 
 
 def _fake(rid, indices, offsets, per_sample_weights, dtype):

@@ -23,6 +23,9 @@ class Resident:
     kernel: Kernel
     device: Device
     handle: KernelHandle
+    # What a call does with inputs outside the kernel's formats (embedding per-sample weights):
+    # "warn" (saturate, warn with count and worst value), "raise" or "saturate" (silently).
+    on_overflow: str = "warn"
 
 
 _TABLE: dict[int, Resident] = {}
@@ -30,13 +33,13 @@ _IDS = itertools.count(1)
 _LOCK = threading.Lock()
 
 
-def make_resident(kernel: Kernel, device: str | Device | None = None) -> Resident:
+def make_resident(kernel: Kernel, device: str | Device | None = None, on_overflow: str = "warn") -> Resident:
     """Load ``kernel`` on ``device`` (a spec string, a Device, or None for the active device)."""
     dev = device if (device is not None and not isinstance(device, str)) else default_device(device)
     handle = dev.load(kernel)
     with _LOCK:
         rid = next(_IDS)
-        res = _TABLE[rid] = Resident(rid, kernel, dev, handle)
+        res = _TABLE[rid] = Resident(rid, kernel, dev, handle, on_overflow)
     return res
 
 

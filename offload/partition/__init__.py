@@ -46,12 +46,15 @@ def offload(
     precision: Any = "auto",
     reuse_factor: int = 1,
     batch_tables: bool = True,
+    max_bag_size: int | None = None,
 ) -> nn.Module:
     """Return ``model`` with embedding lookups and MLP chains moved to an offload device.
 
     ``example_inputs``: the forward's positional args (a tuple, or one tensor). ``calib``: a list of
     input batches on which MLP chains record their input activations for quantization (default:
     ``[example_inputs]``). ``fmt``: table storage format. ``card``: whose memory bounds the tables.
+    ``max_bag_size``: the longest bag the traffic is declared to carry; it sizes the tables'
+    accumulators (default :data:`offload.kernels.embedding.DEFAULT_MAX_BAG_SIZE`).
     The result is a ``torch.fx.GraphModule`` (the unchanged model wrapped, when it cannot be traced)
     with ``offload_report``.
 
@@ -61,7 +64,7 @@ def offload(
         print(gm.offload_report)
     """
     st = start(model, example_inputs, ops=tuple(ops), calib=calib, device=device, card=card, fmt=fmt,
-               precision=precision, reuse_factor=reuse_factor, batch_tables=batch_tables)
+               precision=precision, reuse_factor=reuse_factor, batch_tables=batch_tables, max_bag_size=max_bag_size)
     find.apply(st)
     if st.gm is None:
         return untraceable(model, st.trace_error, device, st.card)

@@ -30,8 +30,8 @@ __all__ = ["apply", "finish", "build_bag", "build_embedding", "build_mlp", "buil
 
 
 # -- the offload modules ----------------------------------------------------------------------------
-def build_bag(bag: nn.EmbeddingBag, fmt: str, device: str | Device | None, name: str) -> nn.Module:
-    return EmbeddingBag.from_float(bag, fmt=fmt, device=device, name=name)
+def build_bag(bag: nn.EmbeddingBag, fmt: str, device: str | Device | None, name: str, max_bag_size: int | None = None) -> nn.Module:
+    return EmbeddingBag.from_float(bag, fmt=fmt, device=device, name=name, max_bag_size=max_bag_size)
 
 
 def build_embedding(emb: nn.Embedding, fmt: str, device: str | Device | None, name: str) -> nn.Module:
@@ -42,8 +42,9 @@ def build_mlp(seq: nn.Sequential, calib: torch.Tensor, precision: Any, reuse_fac
     return MLP.from_float(seq, calib=calib, precision=precision, reuse_factor=reuse_factor, device=device, name=name)
 
 
-def build_multi(bags: Sequence[nn.EmbeddingBag], fmt: str, device: str | Device | None, name: str) -> nn.Module:
-    return TableBatchedEmbeddingBags.from_float(list(bags), fmt=fmt, device=device, name=name)
+def build_multi(bags: Sequence[nn.EmbeddingBag], fmt: str, device: str | Device | None, name: str,
+                max_bag_size: int | None = None) -> nn.Module:
+    return TableBatchedEmbeddingBags.from_float(list(bags), fmt=fmt, device=device, name=name, max_bag_size=max_bag_size)
 
 
 def _as_bags(indices: torch.Tensor, offsets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -159,7 +160,7 @@ def _replace_groups(st: State) -> set[str]:
     for gi, group in enumerate(st.groups):
         name = f"offload_tables_{gi}"
         try:
-            impl = build_multi([c.module for c in group], st.fmt, st.device, name)
+            impl = build_multi([c.module for c in group], st.fmt, st.device, name, st.max_bag_size)
         except OffloadError as e:
             st.report.notes.append(f"batching {[c.name for c in group]} failed ({type(e).__name__}: {e}); offloaded one by one")
             continue
@@ -179,7 +180,7 @@ def _replace_groups(st: State) -> set[str]:
 def _build(st: State, c: Candidate, name: str) -> tuple[nn.Module | None, str]:
     """The offload module for ``c`` and why it was offloaded, or ``(None, why not)``."""
     if c.kind == "embedding_bag":
-        return build_bag(c.module, st.fmt, st.device, name), f"{st.fmt} table on {st.report.device}"
+        return build_bag(c.module, st.fmt, st.device, name, st.max_bag_size), f"{st.fmt} table on {st.report.device}"
     if c.kind == "embedding":
         return build_embedding(c.module, st.fmt, st.device, name), f"{st.fmt} table on {st.report.device}"
     if c.kind in ("ebc", "tbe"):

@@ -41,6 +41,7 @@ class State:
     calib: list[tuple]  # input batches MLP chains calibrate on (the example inputs when none given)
     calib_given: bool
     report: OffloadReport
+    max_bag_size: int | None = None  # the declared longest bag of the tables (None: the kernels' default)
     # find
     gm: fx.GraphModule | None = None
     trace_error: Exception | None = None
@@ -86,7 +87,8 @@ def _device_name(device: str | Device | None) -> str:
 
 
 def start(model: nn.Module, example_inputs: Any, *, ops: tuple[str, ...], calib: Any, device: str | Device | None,
-          card: str | Card, fmt: str, precision: Any, reuse_factor: int, batch_tables: bool) -> State:
+          card: str | Card, fmt: str, precision: Any, reuse_factor: int, batch_tables: bool,
+          max_bag_size: int | None = None) -> State:
     """Check ``offload.offload``'s arguments and hold them in a fresh :class:`State`."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -95,4 +97,7 @@ def start(model: nn.Module, example_inputs: Any, *, ops: tuple[str, ...], calib:
     card_ = get_card(card)
     batches = _calib_batches(calib, _as_args(example_inputs))
     report = OffloadReport(device=_device_name(device), card=card_.name, fmt=fmt)
-    return State(model, tuple(ops), device, card_, fmt, precision, reuse_factor, batch_tables, batches, calib is not None, report)
+    if max_bag_size is not None and (isinstance(max_bag_size, bool) or not isinstance(max_bag_size, int) or max_bag_size < 1):
+        raise ValueError(f"max_bag_size: expected an integer >= 1 or None, got {max_bag_size!r}")
+    return State(model, tuple(ops), device, card_, fmt, precision, reuse_factor, batch_tables, batches, calib is not None, report,
+                 max_bag_size)

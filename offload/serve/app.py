@@ -29,6 +29,7 @@ from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from offload.serve.model import ServedModel, served_model
 from offload.serve.oip import HEADER_LENGTH, encode_infer, parse_infer
+from offload.sim.errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["create_app", "ScoringService"]
 
@@ -220,7 +221,7 @@ class ScoringService:
         await self._ensure_started()
         try:
             self.model.validate(x)
-        except (ValueError, TypeError, IndexError) as e:
+        except (InputError, InputTypeError, InputKeyError) as e:  # the kind's documented refusals
             raise InvalidRequest(f"inputs[0].data: {e}") from None
         return await self.batcher.infer(x, self._timeout_s)
 

@@ -10,7 +10,16 @@ import torch
 import offload
 from offload.ops.resident import get_resident
 from offload.host import open_device
-from offload.kernels.embedding import TableSpec, make_kernel, make_spec
+from offload.kernels.embedding import DEFAULT_MAX_BAG_SIZE, TableSpec, make_kernel, make_spec
+from offload.sim.fixed import FixedType
+from offload.sim.errors import (
+    IndexDtypeError,
+    IndexRangeError,
+    OffloadError,
+    OffsetsError,
+    PerSampleWeightsDtypeError,
+    UnsupportedError,
+)
 
 
 @pytest.fixture()
@@ -41,8 +50,11 @@ def _with(good, **kw):
 
 def test_index_out_of_range_names_table_position_value_rows(loaded):
     dev, h, good = loaded
-    with pytest.raises(IndexError, match=r"indices\[4\] = 6 .*table 'items' with 6 rows"):
+    # Both IndexError (offload's documented type, torch.nn.Embedding's) and RuntimeError (what
+    # torch's embedding_bag raises for the same index).
+    with pytest.raises(IndexRangeError, match=r"indices\[4\] = 6 .*table 'items' with 6 rows") as ei:
         dev.run(h, _with(good, indices=np.array([1, 2, 9, 0, 6, 5])))
+    assert isinstance(ei.value, IndexError) and isinstance(ei.value, RuntimeError) and isinstance(ei.value, OffloadError)
     with pytest.raises(IndexError, match=r"indices\[1\] = -1 .*table 'users' with 10 rows"):
         dev.run(h, _with(good, indices=np.array([1, -1, 9, 0, 5, 5])))
     with pytest.raises(IndexError, match=r"= 10 .*'users'"):
@@ -55,12 +67,50 @@ def test_index_out_of_range_names_table_position_value_rows(loaded):
     ([0, 2, 3, 5, 7], "runs past the indices"),
     ([0, 2, 3, 5, 5], "must end at len"),
     ([0, 2, 3, 6], "length must be T\\*B\\+1"),
-    ([0, 0, 0, 6, 6], "more than max_bag_size=4"),
 ])
 def test_bad_offsets(loaded, offsets, msg):
     dev, h, good = loaded
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(OffsetsError, match=msg) as ei:
         dev.run(h, _with(good, offsets=np.array(offsets, dtype=np.int64)))
+    assert isinstance(ei.value, ValueError) and isinstance(ei.value, RuntimeError)
+
+
+@pytest.mark.parametrize("acc_type", [None, "ap_fixed<14,4,AP_RND_CONV,AP_SAT>"])
+def test_bags_longer_than_max_bag_size_run_with_the_same_arithmetic(acc_type):
+    # max_bag_size sizes the default accumulator; it is no run-time limit. A bag past it pools with
+    # the same per-step acc_t arithmetic (saturating where a narrow acc_type overflows) as a kernel
+    # declared for that length, bit for bit; with the default accumulator, exactly.
+    rng = np.random.default_rng(3)
+    table = rng.uniform(-8, 8, size=(10, 4))
+    lens = [0, 9, 40, 3]
+    idx = rng.integers(0, 10, size=sum(lens)).astype(np.int64)
+    off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    outs = []
+    for mode in ("sum", "mean", "max"):
+        for declared in (4, 64):
+            spec = make_spec([TableSpec("t", 10, 4, "ap_fixed<12,4>")], mode=mode, max_bag_size=declared,
+                             acc_type=acc_type or "ap_fixed<30,16,AP_RND_CONV,AP_SAT>")
+            dev = open_device("sim")
+            h = dev.load(make_kernel("k", spec, [table]))
+            outs.append(dev.run(h, {"indices": idx, "offsets": off})["out"])
+            dev.close()
+        np.testing.assert_array_equal(outs[-2], outs[-1])
+    if acc_type is None:  # wide accumulator: the plain sum of the quantized rows, exactly
+        q = np.asarray(FixedType.parse("ap_fixed<12,4>").quantize(table))
+        want = np.stack([q[idx[a:b]].sum(axis=0) for a, b in zip(off[:-1], off[1:])]) << (14 - 8)
+        np.testing.assert_array_equal(outs[0], want)
+
+
+def test_default_max_bag_size_is_large_and_declared_bags_never_overflow():
+    # The default is derived for real traffic (see DEFAULT_MAX_BAG_SIZE): 2^16 - 1 entries, a full
+    # bag of extreme values and weights fits the default accumulator, and a full bag of 16-bit raw
+    # values fits an int32 partial sum.
+    spec = make_spec([TableSpec("t", 2, 1, "ap_fixed<16,6>")], mode="sum")
+    assert spec.max_bag_size == DEFAULT_MAX_BAG_SIZE == (1 << 16) - 1
+    assert spec.max_bag_size * 2 ** 15 < 2 ** 31
+    acc = spec.acc_type
+    term = 2.0 ** 5 * 2.0 ** 7  # |value| <= 2^(I-1), |weight| <= 2^(Iw-1)
+    assert term * spec.max_bag_size <= acc.max_float + acc.lsb
 
 
 def test_bad_dtypes_and_weights(loaded):
@@ -81,7 +131,7 @@ def test_weights_in_max_mode_rejected_by_kernel():
     kernel = make_kernel("k", spec, [np.zeros((4, 2))])
     dev = open_device("sim")
     h = dev.load(kernel)
-    with pytest.raises(ValueError, match="only supported in modes 'sum' and 'mean'"):
+    with pytest.raises(UnsupportedError, match="only supported in modes 'sum' and 'mean'"):
         dev.run(h, {"indices": np.array([0, 1]), "offsets": np.array([0, 2]), "per_sample_weights": np.array([1, 1])})
 
 
@@ -119,13 +169,11 @@ def test_module_errors_leave_resident_state_unchanged():
         m(idx, torch.tensor([0, 3, 2]))
     with pytest.raises(ValueError, match="runs past"):
         m(idx, torch.tensor([0, 5]))
-    with pytest.raises(ValueError, match="max_bag_size=5"):
-        m(torch.arange(8) % 10, torch.tensor([0]))
-    with pytest.raises(ValueError, match="per_sample_weights: only supported with mode='sum'"):
+    with pytest.raises(NotImplementedError, match="per_sample_weights: only supported for mode='sum'"):
         m(idx, off, torch.ones(4))
-    with pytest.raises(TypeError, match="input: dtype"):
+    with pytest.raises(IndexDtypeError, match="input: dtype"):
         m(idx.float(), off)
-    with pytest.raises(TypeError, match="offsets: dtype"):
+    with pytest.raises(IndexDtypeError, match="offsets: dtype"):
         m(idx, off.float())
     with pytest.raises(ValueError, match="offsets"):
         m(idx)
@@ -134,8 +182,10 @@ def test_module_errors_leave_resident_state_unchanged():
     sbag = offload.nn.EmbeddingBag.from_float(torch.nn.EmbeddingBag(10, 4, mode="sum"))
     with pytest.raises(ValueError, match=r"per_sample_weights: shape \(3,\)"):
         sbag(idx, off, torch.ones(3))
-    with pytest.raises(TypeError, match="per_sample_weights: dtype"):
+    with pytest.raises(PerSampleWeightsDtypeError, match="per_sample_weights: dtype"):
         sbag(idx, off, torch.ones(4, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="per_sample_weights: dtype torch.float64"):
+        sbag(idx, off, torch.ones(4, dtype=torch.float64))
     for k, v in res.device._get(res.handle).tensors.items():
         np.testing.assert_array_equal(v, dev_tables[k])
     assert torch.equal(m(idx, off), y0)
@@ -149,11 +199,11 @@ def test_max_norm_refused_by_every_module(which):
     renorm = torch.nn.EmbeddingBag(10, 4, mode="sum", max_norm=1.0)
     bags = [plain, plain]
     bags[which] = renorm
-    with pytest.raises(ValueError, match=rf"bags\[{which}\]: max_norm"):
+    with pytest.raises(UnsupportedError, match=rf"bags\[{which}\]: max_norm"):
         offload.nn.TableBatchedEmbeddingBags.from_float(bags)
-    with pytest.raises(ValueError, match="max_norm"):
+    with pytest.raises(UnsupportedError, match="max_norm"):
         offload.nn.EmbeddingBag.from_float(renorm)
-    with pytest.raises(ValueError, match="max_norm"):
+    with pytest.raises(UnsupportedError, match="max_norm"):
         offload.nn.Embedding.from_float(torch.nn.Embedding(10, 4, max_norm=1.0))
 
 
@@ -178,3 +228,15 @@ def test_resident_tables_outside_their_format_are_refused_at_load(device):
         with pytest.raises(err, match=msg):
             dev.load(bad)
     dev.close()
+
+
+def test_longest_exact_bag_is_the_longest_the_default_accumulator_covers():
+    from offload.kernels.embedding import longest_exact_bag
+
+    assert longest_exact_bag([TableSpec("t", 4, 2, "ap_fixed<16,6>")], "sum") == DEFAULT_MAX_BAG_SIZE
+    wide = [TableSpec("t", 4, 2, "ap_fixed<40,8>")]  # like FBGEMM's exact fp32 scale/bias row-wise values
+    n = longest_exact_bag(wide, "sum")
+    assert 1 < n < DEFAULT_MAX_BAG_SIZE
+    make_spec(wide, mode="sum", max_bag_size=n)  # fits
+    with pytest.raises(ValueError, match="would need"):
+        make_spec(wide, mode="sum", max_bag_size=2 * n)

@@ -19,6 +19,7 @@ from offload.hls.registry import get_hls_kind
 from offload.host import open_device
 from offload.kernels import Kernel, get_kind
 from offload.kernels.mlp import MlpSpec
+from offload.sim.errors import InputError, InputKeyError, InputTypeError, OffloadError
 from offload.sim.mlp import simulate
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -90,17 +91,21 @@ def test_bad_input_is_rejected_before_device_work(case):
     t = case.tensors()
     x = np.zeros((4, case.n_features))
     x[2, 1] = np.nan
-    with pytest.raises(ValueError, match="row 2 column 1"):
+    # Each refusal is the hierarchy's type (one OffloadError base, what the service maps to 400)
+    # and still the builtin callers caught before.
+    with pytest.raises(InputError, match="row 2 column 1"):
         kind.validate(case, t, {"x": x})
     x[2, 1] = np.inf
-    with pytest.raises(ValueError, match="row 2 column 1"):
+    with pytest.raises(InputError, match="row 2 column 1"):
         kind.validate(case, t, {"x": x})
-    with pytest.raises(ValueError, match=rf"\[batch, {case.n_features}\]"):
+    with pytest.raises(InputError, match=rf"\[batch, {case.n_features}\]"):
         kind.validate(case, t, {"x": np.zeros((3, case.n_features + 1))})
-    with pytest.raises(TypeError, match="floating point"):
+    with pytest.raises(InputTypeError, match="floating point") as ei:
         kind.validate(case, t, {"x": np.zeros((3, case.n_features), dtype=np.int64)})
-    with pytest.raises(KeyError, match="'x'"):
+    assert isinstance(ei.value, TypeError) and isinstance(ei.value, OffloadError)
+    with pytest.raises(InputKeyError, match="'x'") as ei:
         kind.validate(case, t, {"features": x})
+    assert isinstance(ei.value, KeyError) and isinstance(ei.value, OffloadError)
 
 
 def test_spec_validation_names_the_field():

@@ -164,10 +164,10 @@ def test_table_too_large_for_the_card_stays_on_host():
 
 def test_factory_error_is_reported_not_raised():
     model = Toy().eval()
-    model.a.max_norm = 1.0  # renormalising lookups have no kernel: from_float refuses with InputError
+    model.a.max_norm = 1.0  # renormalising lookups have no kernel: from_float refuses with UnsupportedError
     gm = offload.offload(model, _inputs(), ops=("embedding_bag",), device="sim")
     d = gm.offload_report.decision("a")
-    assert not d.offloaded and "max_norm" in d.reason and d.reason.startswith("InputError: ")
+    assert not d.offloaded and "max_norm" in d.reason and d.reason.startswith("UnsupportedError: ")
     assert gm.offload_report.decision("b").offloaded
 
 
@@ -197,7 +197,8 @@ def test_values_the_kernels_cannot_hold_keep_their_candidate_on_host():
     with torch.no_grad():
         model.a.weight[3, 1] = float("nan")
     rep = offload.offload(model, _inputs(), ops=("embedding_bag",), batch_tables=False, device="sim").offload_report
-    assert rep.decision("a").reason == "InputError: quantize into ap_fixed<16,6>: NaN has no fixed-point value (ap_types flags it as unsupported)"
+    assert rep.decision("a").reason == ("InputError: offload_a: 1 non-finite table values (first weight[3, 1] = nan); "
+                                        "a fixed-point table cannot hold them")
     assert rep.decision("b").offloaded
     scorer = _Scorer().eval()
     with torch.no_grad():
