@@ -5,9 +5,10 @@ Every layer becomes da4ml operations whose values are, by construction, the simu
 
 - Dense: ``x @ W`` as a constant matrix-vector product (da4ml's distributed-arithmetic adder
   graph, exact), ``+ bias`` (exact), then the cast into ``result_t``. Exact accumulation is what
-  hls4ml's ``distributed_arithmetic`` strategy does (it ignores ``accum_t``); a spec with the
-  latency strategy's step-by-step ``accum_t`` casts is accepted only when those casts can never
-  round or overflow (then both agree), else :class:`~offload.sim.errors.UnsupportedError`.
+  hls4ml's ``distributed_arithmetic`` strategy does (it ignores ``accum_t``), and what the latency
+  strategy does too when its ``accum_t`` casts can never round or overflow. When they can, a
+  wrapping ``accum_t`` is realised literally (each product cast into it, summed modulo 2**W, no
+  shared adder graph); a saturating one raises :class:`~offload.sim.errors.UnsupportedError`.
 - BatchNorm: ``x * scale + bias`` with constant multipliers (shift-add), exact, then the cast.
 - ReLU / LeakyReLU: ``max(x, 0)`` and ``alpha * min(x, 0)`` (exact), each cast into ``result_t``
   and added (one of the two is always zero, and ``(result_t)0 == 0`` in every mode).
@@ -134,30 +135,55 @@ def _floats(raw: np.ndarray, t: FixedType, what: str) -> np.ndarray:
     return raw.astype(np.float64) * 2.0 ** (-t.F)
 
 
-def _check_exact_accum(layer: MlpLayer, xt: FixedType, x, w_raw: np.ndarray, b_raw: np.ndarray | None) -> None:
-    """Refuse a latency-strategy dense layer whose accum_t casts could round or overflow."""
+def _inexact_accum(layer: MlpLayer, xt: FixedType, x, w_raw: np.ndarray, b_raw: np.ndarray | None) -> str | None:
+    """Why a latency-strategy dense layer's accum_t casts could round or overflow (None: they cannot)."""
     at, wt = FixedType.parse(layer.accum), FixedType.parse(layer.weight)
     pt = mul_type(xt, wt)
-    why = None
     if pt.F > at.F:
-        why = f"products have {pt.F} fraction bits, accum {at} keeps {at.F}"
-    elif layer.use_bias and FixedType.parse(layer.bias).F > at.F:
-        why = f"bias has more fraction bits than accum {at}"
-    elif not at.signed:
-        why = f"accum {at} is unsigned"
-    else:
-        xmax = np.array([max(abs(float(v.low)), abs(float(v.high))) for v in x._vars.ravel()])
-        bound = xmax @ np.abs(w_raw.astype(np.float64) * 2.0 ** (-wt.F))
-        if b_raw is not None:
-            bound = bound + np.abs(b_raw.astype(np.float64)) * 2.0 ** (-FixedType.parse(layer.bias).F)
-        if bound.size and float(bound.max()) > min(at.max_float, -at.min_float):
-            why = f"partial sums can reach {float(bound.max()):g}, beyond accum {at}"
-    if why:
+        return f"products have {pt.F} fraction bits, accum {at} keeps {at.F}"
+    if layer.use_bias and FixedType.parse(layer.bias).F > at.F:
+        return f"bias has more fraction bits than accum {at}"
+    if not at.signed:
+        return f"accum {at} is unsigned"
+    xmax = np.array([max(abs(float(v.low)), abs(float(v.high))) for v in x._vars.ravel()])
+    bound = xmax @ np.abs(w_raw.astype(np.float64) * 2.0 ** (-wt.F))
+    if b_raw is not None:
+        bound = bound + np.abs(b_raw.astype(np.float64)) * 2.0 ** (-FixedType.parse(layer.bias).F)
+    if bound.size and float(bound.max()) > min(at.max_float, -at.min_float):
+        return f"partial sums can reach {float(bound.max()):g}, beyond accum {at}"
+    return None
+
+
+def _dense_stepwise(layer: MlpLayer, x, w: np.ndarray, b_raw: np.ndarray | None, why: str):
+    """hls4ml's latency-strategy dense layer literally: ``mult = (accum_t)(x * w)``, ``acc += mult``.
+
+    Only for a wrapping accum_t: wrapping every product and every partial sum into W bits is the
+    total modulo 2**W, so the products can be added in any order (no shared adder graph: this is
+    the latency strategy's datapath, not distributed arithmetic). A saturating accum_t would need a
+    clamp after every addition in index order; it is refused.
+    """
+    at = FixedType.parse(layer.accum)
+    what = f"layer {layer.name!r} (dense)"
+    if at.overflow != "AP_WRAP" or at.sat_bits:
         raise UnsupportedError(
-            f"layer {layer.name!r}: the RTL realises exact accumulation (hls4ml's distributed_arithmetic "
-            f"strategy), but this spec's accumulator would round or overflow ({why}); widen accum or use "
-            f"strategy='distributed_arithmetic'"
+            f"{what}: its accumulator {at} would round or overflow ({why}) and saturates step by step, which the "
+            f"RTL tier does not realise; widen accum or use strategy='distributed_arithmetic'"
         )
+    from da4ml.trace import FixedVariableArray
+
+    if b_raw is not None:
+        acc0 = at.to_float(at.cast(np.asarray(b_raw, dtype=np.int64), FixedType.parse(layer.bias)))
+    else:
+        acc0 = np.zeros(layer.n_out)
+    outs = []
+    for j in range(layer.n_out):
+        terms = _cast(x * w[:, j], at, f"{what} product")
+        total = terms._vars[0]
+        for v in terms._vars[1:]:
+            total = total + v
+        outs.append(total + float(acc0[j]))
+    acc = FixedVariableArray(np.array(outs, dtype=object), x.solver_options)
+    return _cast(acc, at, f"{what} accum")
 
 
 def _table_layer(layer: MlpLayer, xt: FixedType, x):
@@ -200,11 +226,14 @@ def _trace_layers(spec, tensors: Mapping[str, np.ndarray], cutoff: float, exact_
             wt = FixedType.parse(layer.weight)
             w_raw = np.asarray(tensors[f"{layer.name}.weight"], dtype=np.int64)
             b_raw = np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64) if layer.use_bias else None
-            if not exact_accumulation:
-                _check_exact_accum(layer, t, x, w_raw, b_raw)
-            y = x @ _floats(w_raw, wt, f"{what} weight")
-            if b_raw is not None:
-                y = y + _floats(b_raw, FixedType.parse(layer.bias), f"{what} bias")
+            w = _floats(w_raw, wt, f"{what} weight")
+            why = None if exact_accumulation else _inexact_accum(layer, t, x, w_raw, b_raw)
+            if why is None:
+                y = x @ w
+                if b_raw is not None:
+                    y = y + _floats(b_raw, FixedType.parse(layer.bias), f"{what} bias")
+            else:
+                y = _dense_stepwise(layer, x, w, b_raw, why)
             x = _cast(y, rt, what)
         elif layer.op == "batchnorm":
             st, bt = FixedType.parse(layer.scale), FixedType.parse(layer.bias)
