@@ -262,3 +262,31 @@ def test_regress_rtl_checks_catalogue_mlps_against_golden(tmp_path):
     conv = checks["mlp/12-8-2/ap_fixed10_4-sat/r1/tanh"]
     assert conv.status == "skipped" and "AP_RND_CONV" in conv.detail
     assert rep.ok
+
+
+def test_advise_uses_measured_rtl_cycles_and_yosys_counts():
+    """A measured RTL summary replaces the model's pipeline latency and resources for that MLP."""
+    import offload
+    from offload.hls.rtl import RtlSummary
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+        def forward(self, x):
+            return self.mlp(x)
+
+    x = torch.randn(64, 6)
+    kw = dict(batch_sizes=(1,), ops=("mlp",), repeats=3, budget_s=0.02)
+    plain = offload.advise(Net().eval(), (x,), **kw)
+    name = plain.rows[0].name
+    summary = RtlSummary(latency_cycles=3, clock_mhz=300.0, stages=2, da4ml_cost_lut=100.0,
+                         resources={"LUT": 1234, "FF": 50, "CARRY": 7, "DSP": 0, "BRAM": 0})
+    measured = offload.advise(Net().eval(), (x,), rtl={name: summary}, **kw)
+    p, m = plain.rows[0], measured.rows[0]
+    assert m.resources["LUT"] == 1234 and m.resources["DSP"] == 0 and p.resources["DSP"] > 0
+    assert m.kernel_s < p.kernel_s  # 3 measured cycles against the model's DSP pipelines and adder trees
+    assert any("3 cycles measured under Verilator" in n and "not Vivado" in n for n in measured.notes)
+    with pytest.raises(ValueError, match="no MLP candidate"):
+        offload.advise(Net().eval(), (x,), rtl={"nope": summary}, **kw)
