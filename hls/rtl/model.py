@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -20,7 +21,9 @@ from offload.hls.rtl import emit, sim, tools, yosys
 from offload.sim.errors import InputError
 from offload.sim.fixed import FixedType
 
-__all__ = ["RtlModel", "RtlSummary"]
+__all__ = ["RtlModel", "RtlSummary", "MEASURED"]
+
+MEASURED = "measured.json"  # latency and resources as measured, next to the design (offload advise --rtl reads it)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,18 @@ class RtlSummary:
         return {"latency_cycles": self.latency_cycles, "latency_ns": self.latency_ns, "clock_mhz": self.clock_mhz,
                 "stages": self.stages, "da4ml_cost_lut": self.da4ml_cost_lut,
                 "resources": None if self.resources is None else dict(self.resources)}
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "RtlSummary":
+        """The summary a to_rtl() directory recorded (``offload_rtl.json`` plus what was measured)."""
+        d = Path(directory)
+        try:
+            meta = json.loads((d / "offload_rtl.json").read_text())
+            measured = json.loads((d / MEASURED).read_text()) if (d / MEASURED).is_file() else {}
+        except (OSError, ValueError) as e:
+            raise InputError(f"{d}: not a to_rtl() directory ({e})") from None
+        return cls(measured.get("latency_cycles"), float(meta["clock_mhz"]), int(meta["stages"]), float(meta["da4ml_cost_lut"]),
+                   measured.get("resources"))
 
     def lines(self) -> list[str]:
         lat = "not simulated yet" if self.latency_cycles is None else f"{self.latency_cycles} cycles = {self.latency_ns:.1f} ns"
@@ -135,6 +150,7 @@ class RtlModel:
         return dict(self._resources)
 
     def _notify(self) -> None:
+        (self.directory / MEASURED).write_text(json.dumps({"latency_cycles": self._latency, "resources": self._resources}))
         if self.on_update is not None:
             self.on_update(self.summary())
 

@@ -7,6 +7,8 @@ Yosys runs on the smallest). Every row of every batch is compared bit for bit wi
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -290,3 +292,23 @@ def test_advise_uses_measured_rtl_cycles_and_yosys_counts():
     assert any("3 cycles measured under Verilator" in n and "not Vivado" in n for n in measured.notes)
     with pytest.raises(ValueError, match="no MLP candidate"):
         offload.advise(Net().eval(), (x,), rtl={"nope": summary}, **kw)
+
+
+def test_offload_advise_cli_reads_a_to_rtl_directory(tmp_path):
+    from click.testing import CliRunner
+
+    from offload.cli import main
+
+    rtl = _tiny(tmp_path)
+    args = ["advise", "dlrm-small", "--ops", "mlp", "--batch-sizes", "1", "--json"]
+    r = CliRunner().invoke(main, [*args, "--rtl", f"top_0..top_5={rtl.directory}"])
+    assert r.exit_code != 0 and "run predict() first" in r.output  # nothing measured yet: refused, not guessed
+    rtl.predict(np.zeros((1, 2)))
+    r = CliRunner().invoke(main, [*args, "--rtl", f"top_0..top_5={rtl.directory}"])
+    assert r.exit_code == 0, r.output
+    notes = json.loads(r.output)["notes"]
+    assert any(f"top_0..top_5: kernel time from RTL, {rtl.latency_cycles} cycles measured" in n for n in notes)
+    r = CliRunner().invoke(main, [*args, "--rtl", f"nope={rtl.directory}"])
+    assert r.exit_code != 0 and "no MLP candidate named" in r.output
+    r = CliRunner().invoke(main, [*args, "--rtl", f"top_0..top_5={tmp_path / 'missing'}"])
+    assert r.exit_code != 0 and "not a to_rtl() directory" in r.output
