@@ -36,7 +36,7 @@ from typing import Mapping
 
 import numpy as np
 
-from offload.sim.errors import InputError, UnsupportedError
+from offload.sim.errors import InputError, ToolError, UnsupportedError
 from offload.sim.fixed import FixedType, mul_type
 from offload.sim.mlp import MlpLayer, forward
 
@@ -278,7 +278,7 @@ def trace_spec(spec, tensors: Mapping[str, np.ndarray], *, clock_mhz: float = 30
     out_bits = max(kk + ii for kk, ii, _ in kout) + max(ff for _, _, ff in kout)
     t_in = FixedType.parse(spec.input_type)
     if in_bits != t_in.W or max(ff for _, _, ff in kin) != t_in.F:
-        raise RuntimeError(f"da4ml narrowed the input lanes to {kin[0]}, expected {_kif(t_in)}")
+        raise ToolError(f"da4ml narrowed the input lanes to {kin[0]}, expected {_kif(t_in)} (the testbench feeds whole input codes)")
     return Design(pipe, spec.n_features, spec.n_outputs, t_in, FixedType.parse(spec.output_type), float(clock_mhz), cutoff,
                   in_bits, max(out_bits, 1), max(ff for _, _, ff in kout), any(kk for kk, _, _ in kout))
 
