@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -145,6 +146,16 @@ def build(design_dir: str | Path, meta: Mapping[str, object], *, jobs: int = 2, 
     if exe.is_file():
         return exe
     out_dir.mkdir(parents=True, exist_ok=True)
+    # Parallel test workers (pytest -n) build the same networks: the second waits for the first
+    # and finds its result instead of compiling it again.
+    with open(out_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not exe.is_file():
+            _verilate(tool, d, vfiles, tb, flags, jobs, timeout, out_dir, exe)
+    return exe
+
+
+def _verilate(tool, d: Path, vfiles: list[Path], tb: str, flags: tuple[str, ...], jobs: int, timeout: float, out_dir: Path, exe: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="offload-rtl-") as tmp:
         t = Path(tmp)
         (t / "tb.cpp").write_text(tb)
@@ -163,7 +174,6 @@ def build(design_dir: str | Path, meta: Mapping[str, object], *, jobs: int = 2, 
         shutil.copyfile(t / "obj" / "tb", staged)
         os.chmod(staged, 0o755)
         os.replace(staged, exe)
-    return exe
 
 
 def pack(raw: np.ndarray, lane_bits: int) -> np.ndarray:

@@ -203,6 +203,7 @@ def test_clock_out_of_range_is_refused(net_a, tmp_path):
 
 # -- missing tools ---------------------------------------------------------------------------------
 def _tiny(tmp_path):
+    torch.manual_seed(6)  # the same network every run: its Verilator build stays cached
     seq = torch.nn.Sequential(torch.nn.Linear(2, 1)).eval()
     mlp = MLP.from_float(seq, precision={"default": "ap_fixed<8,3>", "fc0": {"accum": "ap_fixed<20,8>"}}, n_features=2, device="sim")
     return mlp.to_rtl(tmp_path / "tiny")
