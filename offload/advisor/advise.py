@@ -20,7 +20,7 @@ import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 import torch.fx as fx
@@ -187,7 +187,7 @@ def _rows(x: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def _estimate(c: Candidate, args: tuple, kwargs: dict, batch: int, card: Card, fmt: str, reuse_factor: int,
-              repeats: int, budget_s: float, gen: torch.Generator) -> tuple[float, Prediction, str]:
+              repeats: int, budget_s: float, gen: torch.Generator, rtl: Any = None) -> tuple[float, Prediction, str]:
     m = c.module
     dev = _device_of(m) if not c.functional else m.weight.device
     if c.kind == "embedding_bag":
@@ -206,7 +206,10 @@ def _estimate(c: Candidate, args: tuple, kwargs: dict, batch: int, card: Card, f
         call = lambda: m(x)  # noqa: E731
         lin = [l for l in m if isinstance(l, nn.Linear)]
         sizes = [lin[0].in_features] + [l.out_features for l in lin]
-        pred = predict_mlp(card, sizes, batch, reuse_factor=reuse_factor)
+        if rtl is not None:  # measured: Verilator cycles and Yosys counts of MLP.to_rtl
+            pred = predict_mlp(card, sizes, batch, rtl_cycles=rtl.latency_cycles, rtl_resources=rtl.resources)
+        else:
+            pred = predict_mlp(card, sizes, batch, reuse_factor=reuse_factor)
     host = _median_time(call, dev, repeats, budget_s)
     return host, pred, str(dev)
 
@@ -243,11 +246,14 @@ def advise(
     repeats: int = 15,
     budget_s: float = 0.25,
     seed: int = 0,
+    rtl: Mapping[str, Any] | None = None,
 ) -> Advice:
     """Measure each candidate on its device and predict it on ``card`` at every batch size.
 
     ``example_inputs`` are the forward's positional args; each candidate's inputs at batch size B
     are resampled (with replacement) from what it receives on them. Returns an :class:`Advice`.
+    ``rtl`` maps an MLP candidate's name to the ``summary()`` of its ``MLP.to_rtl`` result (after
+    ``predict``/``resources()``): its measured cycles and Yosys counts replace the model's.
 
     Example::
 
@@ -272,6 +278,18 @@ def advise(
     with torch.inference_mode():
         rec.run(*args)
     gen = torch.Generator().manual_seed(seed)
+    rtl = dict(rtl or {})
+    for c in cands:
+        r = rtl.get(c.name)
+        if r is not None:
+            if c.kind != "mlp" or r.latency_cycles is None:
+                raise ValueError(f"rtl[{c.name!r}]: needs an MLP candidate and a measured RTL summary (run predict() first)")
+            res = "no Yosys counts" if r.resources is None else ", ".join(f"{k} {r.resources[k]}" for k in ("LUT", "FF", "CARRY", "DSP", "BRAM"))
+            advice.notes.append(f"{c.name}: kernel time from RTL, {r.latency_cycles} cycles measured under Verilator "
+                                f"({r.latency_ns:.1f} ns at {r.clock_mhz:g} MHz); Yosys xcup: {res} (Yosys's mapping is not Vivado's)")
+    unknown = set(rtl) - {c.name for c in cands}
+    if unknown:
+        raise ValueError(f"rtl: no MLP candidate named {sorted(unknown)}; candidates are {[c.name for c in cands]}")
     # Bags offload.offload would put in one table-batched call: same dim and mode, plain bags.
     groups: dict[tuple, list[Candidate]] = {}
     for c in cands:
@@ -284,7 +302,7 @@ def advise(
             if c.first.name not in rec.inputs:
                 continue
             a, kw = rec.inputs[c.first.name]
-            host, pred, dev = _estimate(c, a, kw, b, cardv, fmt, reuse_factor, repeats, budget_s, gen)
+            host, pred, dev = _estimate(c, a, kw, b, cardv, fmt, reuse_factor, repeats, budget_s, gen, rtl.get(c.name))
             advice.rows.append(_row(c.name, c.kind, c.describe(), b, dev, host, pred, cardv))
             key = (c.module.embedding_dim, c.bag_mode) if c.kind == "embedding_bag" else None
             if key in groups and c in groups[key]:

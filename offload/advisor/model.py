@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from offload.hls.cards import KERNEL_LAUNCH_S, M_AXI_OUTSTANDING_READS, PCIE_TRANSFER_LATENCY_S, Card
 
@@ -122,12 +122,22 @@ def mlp_layer_cycles(n_in: int, reuse_factor: int) -> int:
 
 
 def predict_mlp(card: Card, sizes: Sequence[int], batch: int, reuse_factor: int = 1, weight_bits: int = 16,
-                data_bits: int = 16, accum_bits: int = 32, in_bytes_per_value: int = 4, out_bytes_per_value: int = 8) -> Prediction:
-    """An MLP with layer widths ``sizes`` (``[n_in, h1, ..., n_out]``) over ``batch`` samples."""
+                data_bits: int = 16, accum_bits: int = 32, in_bytes_per_value: int = 4, out_bytes_per_value: int = 8,
+                rtl_cycles: int | None = None, rtl_resources: Mapping[str, float] | None = None) -> Prediction:
+    """An MLP with layer widths ``sizes`` (``[n_in, h1, ..., n_out]``) over ``batch`` samples.
+
+    ``rtl_cycles`` (measured by ``MLP.to_rtl``'s Verilator testbench) replaces the modelled
+    pipeline latency, with II = 1 (the da4ml pipeline takes a row every cycle); ``rtl_resources``
+    (Yosys counts) replace the modelled LUT/DSP/BRAM.
+    """
     if len(sizes) < 2:
         raise ValueError(f"sizes: need at least [n_in, n_out], got {list(sizes)}")
     layers = list(zip(sizes[:-1], sizes[1:]))
     latency = sum(mlp_layer_cycles(i, reuse_factor) for i, _ in layers)
+    if rtl_cycles is not None:
+        if int(rtl_cycles) < 1:
+            raise ValueError(f"rtl_cycles must be >= 1, got {rtl_cycles!r}")
+        latency, reuse_factor = int(rtl_cycles), 1
     beats_in = math.ceil(sizes[0] * in_bytes_per_value / AXI_BYTES_PER_BEAT)
     ii = max(reuse_factor, beats_in)
     cycles = latency + (batch - 1) * ii + beats_in
@@ -140,6 +150,8 @@ def predict_mlp(card: Card, sizes: Sequence[int], batch: int, reuse_factor: int 
     lut = mults * accum_bits + CONTROL_LUTS_PER_LAYER * len(layers)
     t_xfer = transfer_s(card, [batch * sizes[0] * in_bytes_per_value], [batch * sizes[-1] * out_bytes_per_value])
     res = {"DSP": dsp, "BRAM36": bram, "URAM": 0, "LUT": lut, "HBM_bytes": 0}
+    if rtl_resources is not None:
+        res.update({"DSP": rtl_resources["DSP"], "BRAM36": rtl_resources["BRAM"], "LUT": rtl_resources["LUT"]})
     return Prediction(t_xfer, KERNEL_LAUNCH_S, cycles / card.kernel_clock_hz, cycles, res)
 
 

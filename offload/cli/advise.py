@@ -71,15 +71,34 @@ def _sizes(text: str) -> tuple[int, ...]:
 @click.option("--ops", default="embedding_bag,embedding,mlp", show_default=True, help="candidate kinds")
 @click.option("--fmt", default="ap_fixed<16,6>", show_default=True, help="table storage format")
 @click.option("--reuse-factor", type=click.IntRange(min=1), default=1, show_default=True, help="MLP reuse factor")
+@click.option("--rtl", "rtl_dirs", multiple=True, metavar="NAME=DIR",
+              help="use the cycles and Yosys counts measured in MLP.to_rtl(DIR) for candidate NAME (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def advise_cmd(model: str, batch_sizes: str, card: str, ops: str, fmt: str, reuse_factor: int, as_json: bool) -> None:
+def advise_cmd(model: str, batch_sizes: str, card: str, ops: str, fmt: str, reuse_factor: int, rtl_dirs: tuple[str, ...],
+               as_json: bool) -> None:
     """Measure each offload candidate on its device, predict it on the card, and say offload or keep."""
     from offload.advisor import advise
+    from offload.hls.rtl import RtlSummary
+    from offload.sim.errors import InputError
 
     sizes = _sizes(batch_sizes)
+    rtl = {}
+    for item in rtl_dirs:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"{item!r}: expected NAME=DIR", param_hint="--rtl")
+        try:
+            rtl[name] = RtlSummary.load(path)
+        except InputError as e:
+            raise click.BadParameter(str(e), param_hint="--rtl") from None
     m, inputs = _load(model)
-    adv = advise(m, inputs, batch_sizes=sizes, card=card, ops=tuple(o.strip() for o in ops.split(",") if o.strip()),
-                 fmt=fmt, reuse_factor=reuse_factor)
+    try:
+        adv = advise(m, inputs, batch_sizes=sizes, card=card, ops=tuple(o.strip() for o in ops.split(",") if o.strip()),
+                     fmt=fmt, reuse_factor=reuse_factor, rtl=rtl)
+    except ValueError as e:
+        if not rtl:
+            raise
+        raise click.BadParameter(str(e), param_hint="--rtl") from None
     if as_json:
         click.echo(json.dumps(adv.to_dict(), indent=1))
     else:

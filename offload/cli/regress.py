@@ -34,6 +34,7 @@ def _style(status: str) -> str:
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(min=1), help="Entries checked in parallel.")
 @click.option("--csynth", is_flag=True, help="Also run Vitis HLS C-synthesis and compare with the part's baselines.")
 @click.option("--cosim", is_flag=True, help="Also run C/RTL co-simulation with the golden vectors (needs vitis-run or vitis_hls).")
+@click.option("--rtl", is_flag=True, help="Also build each MLP entry to Verilog (da4ml) and check it bit for bit under Verilator (cached).")
 @click.option("--part", default=R.DEFAULT_PART, show_default=True, help="Target part for --csynth/--cosim and its baselines.")
 @click.option("--clock", "clock_ns", default=R.DEFAULT_CLOCK_NS, show_default=True, type=float, help="Clock period in ns.")
 @click.option("--tolerance", default="", metavar="K=V,...",
@@ -49,7 +50,7 @@ def _style(status: str) -> str:
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("build/regress"), show_default=True,
               help="Where Vitis HLS projects are written.")
 @click.option("--list", "list_only", is_flag=True, help="List the selected entries and exit.")
-def regress(patterns, jobs, csynth, cosim, part, clock_ns, tolerance, report, regenerate, reason, update_baselines, device,
+def regress(patterns, jobs, csynth, cosim, rtl, part, clock_ns, tolerance, report, regenerate, reason, update_baselines, device,
             golden_dir, baselines_dir, workdir, list_only) -> None:
     """Check every kernel configuration of the catalogue against its golden vectors.
 
@@ -63,6 +64,7 @@ def regress(patterns, jobs, csynth, cosim, part, clock_ns, tolerance, report, re
       offload regress --kernel 'emb/mean/*' --report out/regress
       offload regress --csynth --part xcu55c-fsvh2892-2L-e --tolerance latency=0.02
       offload regress --regenerate --kernel mlp/
+      offload regress --rtl --kernel mlp/
     """
     from rich.console import Console
 
@@ -96,7 +98,7 @@ def regress(patterns, jobs, csynth, cosim, part, clock_ns, tolerance, report, re
             console.print("[yellow]neither vitis-run nor vitis_hls is on PATH: --csynth/--cosim stages are skipped "
                           "(source Vitis's settings64.sh or set VITIS_HLS).[/yellow]")
         rep = _run(console, sel, dev, jobs=jobs, golden_root=golden_dir, csynth=csynth, cosim=cosim, part=part, clock_ns=clock_ns,
-                   baselines_root=baselines_dir, tolerances=tol, update_baselines=update_baselines, workdir=workdir)
+                   baselines_root=baselines_dir, tolerances=tol, update_baselines=update_baselines, workdir=workdir, rtl=rtl)
     finally:
         if dev is not None:
             dev.close()
@@ -131,7 +133,7 @@ def _run(console, sel, dev, **kw) -> "R.RegressReport":
 def _summary(console, rep: "R.RegressReport") -> None:
     from rich.table import Table
 
-    stages = [s for s in ("golden", "sim", "csim", "csynth", "cosim") if any(s in r.checks for r in rep.results)]
+    stages = [s for s in ("golden", "sim", "csim", "rtl", "csynth", "cosim") if any(s in r.checks for r in rep.results)]
     t = Table(title="offload regress", show_lines=False)
     t.add_column("entry", overflow="fold")
     t.add_column("kind")

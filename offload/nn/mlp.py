@@ -148,6 +148,7 @@ class MLP(torch.nn.Module):
         self._tensors = {k: np.array(v, copy=True) for k, v in spec.tensors().items()}
         for v in self._tensors.values():
             v.setflags(write=False)
+        self.rtl = None  # the last to_rtl() result
         # Resident once, on the active device (or ``device``); the op only carries the id.
         self._res = make_resident(self.offload_kernels()[0], device)
         self.rid: int = self._res.id
@@ -337,6 +338,28 @@ class MLP(torch.nn.Module):
                 seq, input_shape=shape, hls_config=cfg, backend="Vitis", io_type="io_parallel",
                 output_dir=str(output_dir), project_name=project_name,
             )
+
+    # -- RTL (da4ml Verilog, Verilator, Yosys) ----------------------------------------------------
+    def to_rtl(self, output_dir: str, clock_mhz: float = 300.0, *, latency_cutoff: float | None = None):
+        """The whole network as pipelined Verilog (da4ml) in ``output_dir``, for ``clock_mhz``.
+
+        Returns an :class:`offload.hls.rtl.RtlModel`: ``compile()`` (Verilator, cached),
+        ``predict(x)`` (cycle-accurate, equal to :meth:`simulate`), ``latency_cycles`` (measured),
+        ``resources()`` (Yosys ``synth_xilinx -family xcup``). Its figures then appear in
+        ``mlp.report``. ``latency_cutoff`` overrides the adder levels per pipeline stage.
+        """
+        from offload.hls.rtl import RtlModel
+
+        # The RTL accumulates exactly (distributed arithmetic); with the latency strategy the
+        # generator checks that every accum_t is wide enough for that to be the same datapath
+        # (or realises a wrapping one step by step).
+        rtl = RtlModel.generate(self.spec, self._tensors, output_dir, clock_mhz=clock_mhz,
+                                exact_accumulation=self.spec.strategy == DA,
+                                latency_cutoff=latency_cutoff)
+        if self.report is not None:
+            rtl.on_update = self.report.set_rtl
+        self.rtl = rtl
+        return rtl
 
     def extra_repr(self) -> str:
         kinds = ", ".join(f"{layer.name}:{layer.op}" for layer in self.spec.layers)

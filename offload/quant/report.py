@@ -49,9 +49,16 @@ class QuantReport(RichReport):
     cos_threshold: float | None = None
     rows: int = 0
     search: dict[str, Any] = field(default_factory=dict)
+    # RtlSummary of the last MLP.to_rtl() result (measured cycles, Yosys counts), once there is one.
+    rtl: Any = None
+
+    def set_rtl(self, summary: Any) -> None:
+        self.rtl = summary
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["rtl"] = None if self.rtl is None else self.rtl.to_json()
+        return d
 
     def save_json(self, path: str | Path) -> Path:
         p = Path(path)
@@ -71,6 +78,8 @@ class QuantReport(RichReport):
             )
         budget = "" if self.budget is None else f" (budget {self.budget:g})"
         t.caption = f"{self.metric}: float {self.before:.6g} -> fixed {self.after:.6g}{budget}"
+        if self.rtl is not None:
+            t.caption += "\n" + "\n".join(self.rtl.lines())
         return t
 
     def renderables(self) -> list:
