@@ -177,6 +177,25 @@ def test_narrow_saturating_accumulator_is_refused_with_the_layer_named(tmp_path)
         mlp.to_rtl(tmp_path / "narrow")
 
 
+def test_distributed_arithmetic_mlp_runs_bit_exact_where_latency_accumulators_would_saturate(tmp_path):
+    """strategy='distributed_arithmetic': exact sums then one cast into each result type, as hls4ml's
+    DA firmware computes (tests/torch/test_mlp_da.py); the RTL equals simulate on every row, and
+    differs from the same network with narrow saturating latency accumulators (which to_rtl refuses)."""
+    torch.manual_seed(6)
+    seq = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2), torch.nn.Sigmoid()).eval()
+    types = {"default": "ap_fixed<8,3>", "relu1": "ap_ufixed<8,3,AP_RND,AP_SAT>"}
+    da = MLP.from_float(seq, precision=types, n_features=5, device="sim", strategy="distributed_arithmetic")
+    rtl = da.to_rtl(tmp_path / "da")
+    x = _rows(da, np.random.default_rng(12), calib_scale=3.0)
+    got, want = rtl.predict(x), da.simulate(x)
+    assert np.array_equal(got, want)
+    narrow = dict(types, fc0={"accum": "ap_fixed<8,3,AP_TRN,AP_SAT>"}, fc2={"accum": "ap_fixed<8,3,AP_TRN,AP_SAT>"})
+    lat = MLP.from_float(seq, precision=narrow, n_features=5, device="sim")
+    assert not np.array_equal(want, lat.simulate(x))
+    with pytest.raises(UnsupportedError, match="saturates step by step"):
+        lat.to_rtl(tmp_path / "lat")
+
+
 def test_narrow_wrapping_accumulator_is_realised_step_by_step(tmp_path):
     """Latency-strategy semantics: products truncated into a narrow accum_t that wraps, bit for bit."""
     torch.manual_seed(5)
