@@ -159,7 +159,4 @@ def resident_copy(kernel: Kernel) -> Kernel:
     if kind.check_tensors is not None:
         kind.check_tensors(kernel.spec, kernel.tensors)
     # One copy, aligned: prepare() works on it in place instead of copying the tables again.
-    frozen = Kernel(kernel.name, kernel.spec, {k: aligned_copy(v) for k, v in kernel.tensors.items()})
-    for v in frozen.tensors.values():
-        v.setflags(write=False)
-    return frozen
+    return Kernel(kernel.name, kernel.spec, {k: aligned_copy(v, read_only=True) for k, v in kernel.tensors.items()})

@@ -16,9 +16,11 @@ import numpy as np
 __all__ = ["aligned_copy"]
 
 
-def aligned_copy(a: np.ndarray, align: int | None = None) -> np.ndarray:
+def aligned_copy(a: np.ndarray, align: int | None = None, *, read_only: bool = False) -> np.ndarray:
     """A C-contiguous copy of ``a`` whose data starts on an ``align``-byte boundary (default: 64, one
-    cache line; 4 KiB, a page, from 1 MiB up)."""
+    cache line; 4 KiB, a page, from 1 MiB up). ``read_only`` freezes the copy and the private buffer
+    under it, so code that caches work per array (the MLP's compiled program) can trust it never
+    changes."""
     a = np.asarray(a)
     if align is None:
         align = 4096 if a.nbytes >= 1 << 20 else 64
@@ -26,4 +28,7 @@ def aligned_copy(a: np.ndarray, align: int | None = None) -> np.ndarray:
     start = (-buf.ctypes.data) % align
     out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
     np.copyto(out, a)
+    if read_only:
+        out.flags.writeable = False
+        buf.flags.writeable = False
     return out

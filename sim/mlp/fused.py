@@ -241,8 +241,7 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
         a = tensors[name]
         if not isinstance(a, np.ndarray):
             raise _Unsupported(f"{name} is not an ndarray")
-        frozen = not a.flags.writeable and a.flags.owndata
-        arrays.append((name, a, None if frozen else a.tobytes()))
+        arrays.append((name, a, None if _frozen(a) else a.tobytes()))
     return Program(
         np.concatenate([head, *recs]),
         np.concatenate(data) if data else np.zeros(1, dtype=np.int64),
@@ -384,6 +383,19 @@ def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[in
 # ---------------------------------------------------------------------------------------- cache
 _PROGRAMS: dict[tuple[int, int], tuple] = {}
 _CACHE_SIZE = 64
+
+
+def _frozen(a: np.ndarray) -> bool:
+    """No writer can reach ``a``: it and every array down to the one owning the memory are
+    read-only (the sim device's resident copies: aligned views of a private read-only buffer)."""
+    while True:
+        if a.flags.writeable:
+            return False
+        if a.flags.owndata:
+            return True
+        if not isinstance(a.base, np.ndarray):
+            return False  # memory owned by a foreign object (mmap, buffer): may change under us
+        a = a.base
 
 
 def _current(arrays, tensors) -> bool:

@@ -261,7 +261,29 @@ def test_device_load_warms_the_kernel(monkeypatch):
         m.setattr(fused, "compile_program", lambda *a: pytest.fail("the program was not built at load"))
         y = dev.run(h, {"x": x})["y"]
     assert np.array_equal(y, _general(spec.input_type, spec.layers, spec.tensors(), x, monkeypatch))
+    # The device's resident copies (aligned views of a private read-only buffer) are taken as
+    # constant: no per-call snapshot compare on the device's hot path.
+    resident = dev._get(h).tensors
+    prog = fused.program_for(spec.input_type, spec.layers, resident)
+    assert prog.arrays and all(snap is None for _, _, snap in prog.arrays)
     dev.close()
+
+
+def test_a_read_only_view_of_a_writable_buffer_is_not_taken_as_constant(monkeypatch):
+    spec, _ = random_spec(10, narrow=True)
+    base = {k: np.array(v, copy=True) for k, v in spec.tensors().items()}
+    views = {k: v[...] for k, v in base.items()}
+    for v in views.values():
+        v.setflags(write=False)
+    prog = fused.program_for(spec.input_type, spec.layers, views)
+    assert prog.arrays and all(snap is not None for _, _, snap in prog.arrays)
+    x = _inputs(np.random.default_rng(10), 100, spec.n_features, spec.input_type)
+    before = simmlp.simulate(spec.input_type, spec.layers, views, x)
+    name = [k for k in base if k.endswith(".weight")][0]
+    base[name][...] = 0  # written through the base: the program must see it
+    after = simmlp.simulate(spec.input_type, spec.layers, views, x)
+    assert np.array_equal(after, _general(spec.input_type, spec.layers, views, x, monkeypatch))
+    assert not np.array_equal(before, after) or np.unique(before).size == 1
 
 
 @pytest.mark.slow
