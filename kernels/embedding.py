@@ -246,6 +246,17 @@ def _signed_int_bits(t: FixedType) -> int:
     return i if t.signed else i + 1
 
 
+def _acc_base(tables: Sequence[TableSpec], mode: str, weight_type: str) -> tuple[int, int, bool]:
+    """The default accumulator's integer bits before the bag length's ``log2`` term, the values'
+    fraction bits it always keeps, and whether the bag length adds integer bits (sum, mean)."""
+    vts = [t.value_type() for t in tables]
+    iv = max(_signed_int_bits(v) for v in vts)
+    fv = max(int(v.F) for v in vts)
+    if mode == "sum":
+        return iv + _signed_int_bits(FixedType.parse(weight_type)), fv, True
+    return iv, fv, mode == "mean"
+
+
 def default_acc_type(tables: Sequence[TableSpec], mode: str, max_bag_size: int, weight_type: str = DEFAULT_WEIGHT_TYPE) -> str:
     """The default accumulator: no bag of up to ``max_bag_size`` entries can overflow it.
 
@@ -255,17 +266,9 @@ def default_acc_type(tables: Sequence[TableSpec], mode: str, max_bag_size: int, 
     rounding). Frac bits keep products exact (``Fv + Fw``) unless that would pass 62 bits, then as
     many as fit, never fewer than the values' own (so unweighted sums stay exact).
     """
-    vts = [t.value_type() for t in tables]
-    iv = max(_signed_int_bits(v) for v in vts)
-    fv = max(int(v.F) for v in vts)
-    wt = FixedType.parse(weight_type)
-    L = _log2_ceil(max_bag_size)
-    if mode == "sum":
-        ia, fa = iv + _signed_int_bits(wt) + L, fv + int(wt.F)
-    elif mode == "mean":
-        ia, fa = iv + L, fv
-    else:
-        ia, fa = iv, fv
+    ia0, fv, grows = _acc_base(tables, mode, weight_type)
+    ia = ia0 + _log2_ceil(max_bag_size) if grows else ia0
+    fa = fv + int(FixedType.parse(weight_type).F) if mode == "sum" else fv
     if ia + fa > _MAX_ACC_WIDTH:
         fa = max(fv, _MAX_ACC_WIDTH - ia)
     if ia + fa > _MAX_ACC_WIDTH:
@@ -284,12 +287,11 @@ def longest_exact_bag(tables: Sequence[TableSpec], mode: str, weight_type: str =
     bias exactly) cannot take :data:`DEFAULT_MAX_BAG_SIZE`; they get the longest bag that still
     sums exactly instead of a conversion error.
     """
-    vts = [t.value_type() for t in tables]
-    base = max(_signed_int_bits(v) for v in vts) + max(int(v.F) for v in vts)
-    if mode == "sum":
-        base += _signed_int_bits(FixedType.parse(weight_type))
-    room = _MAX_ACC_WIDTH - base
-    return DEFAULT_MAX_BAG_SIZE if room >= 16 else max(1, 1 << max(room, 0))
+    ia0, fv, grows = _acc_base(tables, mode, weight_type)
+    room = _MAX_ACC_WIDTH - ia0 - fv  # integer bits left for the bag length's log2 term
+    if not grows or room >= _log2_ceil(DEFAULT_MAX_BAG_SIZE):
+        return DEFAULT_MAX_BAG_SIZE
+    return max(1, 1 << max(room, 0))
 
 
 def make_spec(

@@ -231,7 +231,7 @@ def test_resident_tables_outside_their_format_are_refused_at_load(device):
 
 
 def test_longest_exact_bag_is_the_longest_the_default_accumulator_covers():
-    from offload.kernels.embedding import longest_exact_bag
+    from offload.kernels.embedding import default_acc_type, longest_exact_bag
 
     assert longest_exact_bag([TableSpec("t", 4, 2, "ap_fixed<16,6>")], "sum") == DEFAULT_MAX_BAG_SIZE
     wide = [TableSpec("t", 4, 2, "ap_fixed<40,8>")]  # like FBGEMM's exact fp32 scale/bias row-wise values
@@ -240,3 +240,8 @@ def test_longest_exact_bag_is_the_longest_the_default_accumulator_covers():
     make_spec(wide, mode="sum", max_bag_size=n)  # fits
     with pytest.raises(ValueError, match="would need"):
         make_spec(wide, mode="sum", max_bag_size=2 * n)
+    # A max bag's accumulator does not grow with the bag: any declared length is exact.
+    wider = [TableSpec("t", 4, 2, "ap_fixed<50,8>")]
+    assert longest_exact_bag(wider, "sum") < DEFAULT_MAX_BAG_SIZE
+    assert longest_exact_bag(wider, "max") == DEFAULT_MAX_BAG_SIZE
+    assert default_acc_type(wider, "max", 1) == default_acc_type(wider, "max", DEFAULT_MAX_BAG_SIZE)
