@@ -11,6 +11,11 @@ The server is ``grpc.aio`` on the event loop uvicorn runs (uvloop): no second lo
 requests across, so a gRPC request reaches the batcher exactly as a REST one does and both
 protocols' requests share batches. grpc.aio is loop-agnostic: its completion-queue poller thread
 wakes the running loop through a socket pair, so it works on uvloop as on asyncio's own loop.
+Measured alternatives that were slower per batch-1 RPC on 2 cores: the thread-pool
+``grpc.server`` handing each call to the loop (run_coroutine_threadsafe or call_soon_threadsafe:
++100-150 us, the hand-off), asyncio's own loop instead of uvloop, grpclib (pure Python, h2), and
+raw-bytes handlers (protobuf parse and build are under 10 us of the RPC). What helps is fewer
+thread hops inside grpc core: see ``offload.serve.server.GRPC_EXPERIMENTS``.
 
 Limits: ``max_body_bytes`` is the largest request message (grpc core answers RESOURCE_EXHAUSTED
 before any handler runs), ``grpc_max_streams`` the concurrent streams per connection (HTTP/2
@@ -41,9 +46,21 @@ from offload.serve.oip import TensorSpec, check_shape
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
 from offload.serve.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
-__all__ = ["GrpcEndpoint", "parse_grpc_infer"]
+__all__ = ["GrpcEndpoint", "parse_grpc_infer", "TRANSPORT_OPTIONS"]
 
 _log = logging.getLogger("offload.serve")
+
+# The transport settings of every gRPC listener here, the service's and the benchmark floor's.
+TRANSPORT_OPTIONS = (
+    # grpc sets SO_REUSEPORT by default on Linux: a second server would share the port silently
+    # (and get half the connections) instead of failing to start.
+    ("grpc.so_reuseport", 0),
+    # The bandwidth-delay-product probe pings the client after data arrives, to grow the receive
+    # window for large transfers (chttp2 flow control; on unless this is 0). Requests here are at
+    # most max_batch_size rows, far below the initial window, so the pings and their acks are
+    # pure per-RPC work: measured, 20-60 us of server CPU per batch-1 RPC on 2 cores.
+    ("grpc.http2.bdp_probe", 0),
+)
 
 # Typed-contents fields other than fp32_contents: filled in an FP32 request they mean a wrong datatype.
 _OTHER_CONTENTS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents", "fp64_contents", "bytes_contents")
@@ -197,13 +214,7 @@ class GrpcEndpoint:
     async def start(self) -> None:
         cfg = self.svc.config
         server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", cfg.max_body_bytes),
-                ("grpc.max_concurrent_streams", cfg.grpc_max_streams),
-                # grpc sets SO_REUSEPORT by default on Linux: a second server would share the port
-                # silently (and get half the connections) instead of failing to start.
-                ("grpc.so_reuseport", 0),
-            ],
+            options=[("grpc.max_receive_message_length", cfg.max_body_bytes), ("grpc.max_concurrent_streams", cfg.grpc_max_streams), *TRANSPORT_OPTIONS],
             maximum_concurrent_rpcs=cfg.max_queue_size,
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self.svc), server)

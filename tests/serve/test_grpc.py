@@ -6,8 +6,10 @@ serving, the message-size limit, and one batcher for both protocols. All traffic
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import signal
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -168,6 +170,33 @@ def test_an_oversized_message_is_resource_exhausted(srv, client):
         _grpc_infer(client, big)
     assert _code(e) == "StatusCode.RESOURCE_EXHAUSTED"
     assert _grpc_infer(client, _rows(1)).as_numpy("y").shape == (1, 1)
+
+
+def _event_engine_wakeups(pid: int) -> int:
+    """Voluntary context switches of the process's grpc core EventEngine worker threads."""
+    total = 0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (t / "comm").read_text().strip() != "event_engine":
+                continue
+            total += int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", (t / "status").read_text(), re.M).group(1))
+        except FileNotFoundError:  # a worker that exited between the listing and the read
+            continue
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the server's threads from /proc (Linux)")
+def test_socket_reads_stay_off_event_engine_worker_threads(srv, client):
+    """grpc core's default (EventEngine endpoints) wakes a worker thread for every socket read and
+    only then the aio poller thread: about 3 worker wake-ups per unary RPC. ``offload serve``
+    turns those rollouts off (offload.serve.server.GRPC_EXPERIMENTS), so the poller reads the
+    socket itself and the workers sleep while RPCs flow."""
+    x, n = _rows(1), 300
+    _grpc_infer(client, x)
+    before = _event_engine_wakeups(srv.proc.pid)
+    for _ in range(n):
+        _grpc_infer(client, x)
+    assert _event_engine_wakeups(srv.proc.pid) - before < n // 4
 
 
 def test_rest_and_grpc_requests_share_one_batcher():
