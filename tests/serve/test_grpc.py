@@ -6,6 +6,7 @@ serving, the message-size limit, and one batcher for both protocols. All traffic
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import re
 import signal
 import time
@@ -197,6 +198,17 @@ def test_socket_reads_stay_off_event_engine_worker_threads(srv, client):
     for _ in range(n):
         _grpc_infer(client, x)
     assert _event_engine_wakeups(srv.proc.pid) - before < n // 4
+
+
+def test_grpc_core_env_keeps_an_operators_own_choice(monkeypatch):
+    from offload.serve.server import GRPC_EXPERIMENTS, grpc_core_env
+
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "-tcp_rcv_lowat")
+    grpc_core_env()
+    assert os.environ["GRPC_EXPERIMENTS"] == "-tcp_rcv_lowat"
+    monkeypatch.delenv("GRPC_EXPERIMENTS")
+    grpc_core_env()
+    assert os.environ["GRPC_EXPERIMENTS"] == GRPC_EXPERIMENTS
 
 
 def test_rest_and_grpc_requests_share_one_batcher():
