@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -191,6 +192,15 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         except ServeError as e:
             self._hist.observe(time.perf_counter() - t0)
             await self._fail(context, e)
+        except asyncio.CancelledError:
+            # grpc.aio cancels this task when the client's deadline passes or the client cancels
+            # (aio/server.pyx.pxi, _handle_cancellation_from_core); grpc core answers the status
+            # itself, so it is counted here or never. Not an offload_errors_total: the service
+            # did not fail, the client stopped waiting (the batcher drops the abandoned rows).
+            self._hist.observe(time.perf_counter() - t0)
+            left = context.time_remaining()
+            self._count("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
+            raise
         y32 = np.ascontiguousarray(y, dtype="<f4")
         out = pb.ModelInferResponse.InferOutputTensor(name=model.output.name, datatype="FP32", shape=y32.shape)
         if raw:

@@ -236,6 +236,28 @@ def test_rest_and_grpc_requests_share_one_batcher():
         assert s.stop() == 0
 
 
+def test_a_missed_client_deadline_is_counted_and_the_server_keeps_serving():
+    """A request still queued behind a 3 s batching window when the client's 0.3 s deadline passes:
+    the client gets DEADLINE_EXCEEDED, grpc.aio cancels the handler, and the response is counted
+    under its code (grpc core sends that status, not the handler)."""
+    gport = free_port()
+    with serving("--grpc-port", str(gport), "--max-queue-delay-us", "3000000", "--request-timeout-ms", "20000") as s:
+        c = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}")
+        i = tgrpc.InferInput("x", [1, 16], "FP32")
+        i.set_data_from_numpy(_rows(1))
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("risk", [i], client_timeout=0.3)
+        assert _code(e) == "StatusCode.DEADLINE_EXCEEDED"
+        key = 'offload_grpc_responses_total{code="DEADLINE_EXCEEDED"}'
+        end = time.monotonic() + 20
+        while s.metrics().get(key, 0.0) != 1:
+            assert time.monotonic() < end, f"{key} never reached 1"
+            time.sleep(0.05)
+        assert c.infer("risk", [i], client_timeout=20).as_numpy("y").shape == (1, 1)
+        c.close()
+        assert s.stop() == 0
+
+
 def test_sigterm_answers_the_grpc_requests_already_taken():
     """Requests queued behind a 3 s batching window when SIGTERM arrives are answered (with the
     right numbers) before the process exits 0: the gRPC server is stopped with a grace period
