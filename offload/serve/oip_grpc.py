@@ -56,12 +56,10 @@ TRANSPORT_OPTIONS = (
     # grpc sets SO_REUSEPORT by default on Linux: a second server would share the port silently
     # (and get half the connections) instead of failing to start.
     ("grpc.so_reuseport", 0),
-    # The bandwidth-delay-product probe pings the client after data arrives, to grow the receive
-    # window for large transfers (chttp2 flow control; on unless this is 0). Requests here are at
-    # most max_batch_size rows, far below the initial window, so the pings and their acks are
-    # pure per-RPC work: measured, 20-60 us of server CPU per batch-1 RPC on 2 cores.
-    ("grpc.http2.bdp_probe", 0),
 )
+# Not set, though tried: grpc.http2.bdp_probe=0 (within noise: chttp2's BdpEstimator pings at
+# most every 100 ms, doubling while the estimate is stable, so not per RPC) and
+# grpc.optimization_target=latency (chttp2 already treats its default, "blend", as latency).
 
 # Typed-contents fields other than fp32_contents: filled in an FP32 request they mean a wrong datatype.
 _OTHER_CONTENTS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents", "fp64_contents", "bytes_contents")
