@@ -11,11 +11,12 @@ The server is ``grpc.aio`` on the event loop uvicorn runs (uvloop): no second lo
 requests across, so a gRPC request reaches the batcher exactly as a REST one does and both
 protocols' requests share batches. grpc.aio is loop-agnostic: its completion-queue poller thread
 wakes the running loop through a socket pair, so it works on uvloop as on asyncio's own loop.
-Measured alternatives that were slower per batch-1 RPC on 2 cores: the thread-pool
-``grpc.server`` handing each call to the loop (run_coroutine_threadsafe or call_soon_threadsafe:
-+100-150 us, the hand-off), asyncio's own loop instead of uvloop, grpclib (pure Python, h2), and
-raw-bytes handlers (protobuf parse and build are under 10 us of the RPC). What helps is fewer
-thread hops inside grpc core: see ``offload.serve.server.GRPC_EXPERIMENTS``.
+Measured per batch-1 RPC on 2 cores, and not better: the thread-pool ``grpc.server`` handing each
+call to the loop (run_coroutine_threadsafe or call_soon_threadsafe: +100-150 us, the hand-off),
+asyncio's own loop instead of uvloop (within noise), grpclib (pure Python on h2: +100 us of server
+CPU), raw-bytes handlers (protobuf parse and build are under 10 us of the RPC), and
+GRPC_POLL_STRATEGY. What helped is one thread hop less inside grpc core:
+``offload.serve.server.GRPC_EXPERIMENTS``.
 
 Limits: ``max_body_bytes`` is the largest request message (grpc core answers RESOURCE_EXHAUSTED
 before any handler runs), ``grpc_max_streams`` the concurrent streams per connection (HTTP/2
