@@ -197,7 +197,9 @@ def test_socket_reads_stay_off_event_engine_worker_threads(srv, client):
     before = _event_engine_wakeups(srv.proc.pid)
     for _ in range(n):
         _grpc_infer(client, x)
-    assert _event_engine_wakeups(srv.proc.pid) - before < n // 4
+    # Workers still run grpc core's timers and the odd callback (0.1-0.4 wake-ups per RPC seen on a
+    # loaded machine); socket reads on them would be about 3 per RPC.
+    assert _event_engine_wakeups(srv.proc.pid) - before < n
 
 
 def test_grpc_core_env_keeps_an_operators_own_choice(monkeypatch):
