@@ -5,8 +5,8 @@ does; orjson; the same OIP parser and encoder):
 - ``naive``: the float torch model called once per request, in the request handler, no batching.
 - ``floor``: a trivial endpoint that reads the body and returns a constant OIP response: the
   cost of the HTTP round trip alone. With ``--grpc-port`` the same process also answers the OIP
-  v2 gRPC ModelInfer with a constant (grpc.aio on the same uvloop, as ``offload serve`` runs it):
-  the cost of the gRPC round trip alone.
+  v2 gRPC ModelInfer with a constant (grpc.aio on the same uvloop, with the same transport options
+  and grpc core settings as ``offload serve``): the cost of the gRPC round trip alone.
 
     python bench/_serve_baselines.py naive WEIGHTS.npz --port 8001
     python bench/_serve_baselines.py floor --port 8002 [--grpc-port 8003]
@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from offload.serve.oip import OipError, TensorSpec, encode_infer, parse_infer
-from offload.serve.server import _uvicorn_config
+from offload.serve.server import _uvicorn_config, grpc_core_env
 
 INP, OUT = TensorSpec("x", 16), TensorSpec("y", 1)
 META = orjson.dumps({"name": "risk", "versions": ["1"], "platform": "baseline", "inputs": [INP.metadata()], "outputs": [OUT.metadata()]})
@@ -101,7 +101,9 @@ async def _with_grpc_floor(server: uvicorn.Server, grpc_port: int) -> None:
         async def ModelInfer(self, request, context):
             return const
 
-    g = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    from offload.serve.oip_grpc import TRANSPORT_OPTIONS
+
+    g = grpc.aio.server(options=list(TRANSPORT_OPTIONS))
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(Floor(), g)
     g.add_insecure_port(f"127.0.0.1:{grpc_port}")
     await g.start()
@@ -125,6 +127,7 @@ def main() -> None:
     else:
         import uvloop
 
+        grpc_core_env()  # as serve() sets it: the same grpc core I/O path as the service
         uvloop.run(_with_grpc_floor(server, a.grpc_port))
 
 

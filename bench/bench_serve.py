@@ -16,9 +16,12 @@ per request (from /proc) is reported too: unlike latency, it hardly moves with o
 ``--protocols`` measures instead gRPC against REST (binary tensors) on ONE ``offload serve
 --grpc-port`` process: batch-1 requests from stock ``tritonclient.grpc`` and ``tritonclient.http``
 clients, one request at a time, in alternating rounds (the order flips every round), so both
-protocols see the same machine load. p50 / p99 over all rounds and server CPU per request. The
-same clients also call each protocol's floor (``_serve_baselines.py floor --grpc-port``: constant
-answers on the same stacks), which bounds what the service could reach on either.
+protocols see the same machine load. p50 / p99 over all rounds, server CPU per request and the
+client's own CPU per request (this process, all its threads: with one request in flight it is on
+every call's critical path). The same clients also call each protocol's floor
+(``_serve_baselines.py floor --grpc-port``: constant answers on the same stacks), which bounds
+what the service could reach on either; the clients' CPU against the floors is each stock
+client's own cost, which no server takes away.
 
     .venv/bin/python bench/bench_serve.py --protocols [--rounds 20] [--per-round 250]
 
@@ -224,6 +227,7 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     pid = {"grpc": proc.pid, "rest_binary": proc.pid, "grpc_floor": floor.pid, "rest_floor": floor.pid}
     lat: dict[str, list[float]] = {k: [] for k in calls}
     cpu: dict[str, float] = {k: 0.0 for k in calls}
+    ccpu: dict[str, float] = {k: 0.0 for k in calls}  # this process: the client's own cost
     round_p50: dict[str, list[float]] = {k: [] for k in calls}
     try:
         for k, f in calls.items():  # warm-up: connections, first-call paths
@@ -232,11 +236,12 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
         for r in range(rounds):
             for k in list(calls)[:: 1 if r % 2 == 0 else -1]:
                 f, one = calls[k], []
-                c0 = _cpu_s(pid[k])
+                c0, cc0 = _cpu_s(pid[k]), time.process_time()
                 for i in range(per_round):
                     t = time.perf_counter()
                     f(i)
                     one.append(time.perf_counter() - t)
+                ccpu[k] += time.process_time() - cc0
                 cpu[k] += (_cpu_s(pid[k]) or 0.0) - (c0 or 0.0)
                 lat[k] += one
                 round_p50[k].append(float(np.median(one)) * 1e6)
@@ -250,17 +255,22 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     out = {}
     for k in calls:
         a = np.array(lat[k]) * 1e6
-        out[k] = {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "server_cpu_us_per_req": cpu[k] / len(a) * 1e6, "round_p50_us": round_p50[k]}
+        out[k] = {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "server_cpu_us_per_req": cpu[k] / len(a) * 1e6, "client_cpu_us_per_req": ccpu[k] / len(a) * 1e6, "round_p50_us": round_p50[k]}
     wins = sum(g <= r for g, r in zip(round_p50["grpc"], round_p50["rest_binary"]))
     out["grpc_over_rest_p50"] = out["grpc"]["p50_us"] / out["rest_binary"]["p50_us"]
     out["rounds_grpc_p50_at_or_below_rest"] = f"{wins}/{rounds}"
     print(f"\nbatch 1, one request in flight, {rounds} interleaved rounds x {per_round} requests per protocol")
-    print("| protocol | p50 us | p99 us | server CPU us/req |\n|---|---:|---:|---:|")
+    print("| protocol | p50 us | p99 us | server CPU us/req | client CPU us/req |\n|---|---:|---:|---:|---:|")
     for k in calls:
-        print(f"| {k} | {out[k]['p50_us']:.0f} | {out[k]['p99_us']:.0f} | {out[k]['server_cpu_us_per_req']:.0f} |")
+        print(f"| {k} | {out[k]['p50_us']:.0f} | {out[k]['p99_us']:.0f} | {out[k]['server_cpu_us_per_req']:.0f} | {out[k]['client_cpu_us_per_req']:.0f} |")
     out["grpc_floor_over_rest_floor_p50"] = out["grpc_floor"]["p50_us"] / out["rest_floor"]["p50_us"]
     print(f"gRPC p50 / REST binary p50: {out['grpc_over_rest_p50']:.2f}x (goal <= 1); gRPC at or below REST in {wins}/{rounds} rounds")
     print(f"floors (constant answers, same stacks and clients): gRPC / REST p50 {out['grpc_floor_over_rest_floor_p50']:.2f}x")
+    # One request in flight: the client's own CPU is on the critical path of every call. Against
+    # the floors it is the stock client's cost alone, which no server can take away.
+    gc_cpu, hc_cpu = out["grpc_floor"]["client_cpu_us_per_req"], out["rest_floor"]["client_cpu_us_per_req"]
+    out["client_cpu_grpc_minus_rest_us"] = gc_cpu - hc_cpu
+    print(f"clients' own CPU per call against the floors: tritonclient.grpc {gc_cpu:.0f} us, tritonclient.http {hc_cpu:.0f} us ({gc_cpu - hc_cpu:+.0f} us for gRPC)")
     return out
 
 

@@ -11,6 +11,12 @@ The server is ``grpc.aio`` on the event loop uvicorn runs (uvloop): no second lo
 requests across, so a gRPC request reaches the batcher exactly as a REST one does and both
 protocols' requests share batches. grpc.aio is loop-agnostic: its completion-queue poller thread
 wakes the running loop through a socket pair, so it works on uvloop as on asyncio's own loop.
+Measured per batch-1 RPC on 2 cores, and not better: the thread-pool ``grpc.server`` handing each
+call to the loop (run_coroutine_threadsafe or call_soon_threadsafe: +100-150 us, the hand-off),
+asyncio's own loop instead of uvloop (within noise), grpclib (pure Python on h2: +100 us of server
+CPU), raw-bytes handlers (protobuf parse and build are under 10 us of the RPC), and
+GRPC_POLL_STRATEGY. What helped is one thread hop less inside grpc core:
+``offload.serve.server.GRPC_EXPERIMENTS``.
 
 Limits: ``max_body_bytes`` is the largest request message (grpc core answers RESOURCE_EXHAUSTED
 before any handler runs), ``grpc_max_streams`` the concurrent streams per connection (HTTP/2
@@ -28,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -41,9 +48,19 @@ from offload.serve.oip import TensorSpec, check_shape
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
 from offload.serve.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
-__all__ = ["GrpcEndpoint", "parse_grpc_infer"]
+__all__ = ["GrpcEndpoint", "parse_grpc_infer", "TRANSPORT_OPTIONS"]
 
 _log = logging.getLogger("offload.serve")
+
+# The transport settings of every gRPC listener here, the service's and the benchmark floor's.
+TRANSPORT_OPTIONS = (
+    # grpc sets SO_REUSEPORT by default on Linux: a second server would share the port silently
+    # (and get half the connections) instead of failing to start.
+    ("grpc.so_reuseport", 0),
+)
+# Not set, though tried: grpc.http2.bdp_probe=0 (within noise: chttp2's BdpEstimator pings at
+# most every 100 ms, doubling while the estimate is stable, so not per RPC) and
+# grpc.optimization_target=latency (chttp2 already treats its default, "blend", as latency).
 
 # Typed-contents fields other than fp32_contents: filled in an FP32 request they mean a wrong datatype.
 _OTHER_CONTENTS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents", "fp64_contents", "bytes_contents")
@@ -174,6 +191,15 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         except ServeError as e:
             self._hist.observe(time.perf_counter() - t0)
             await self._fail(context, e)
+        except asyncio.CancelledError:
+            # grpc.aio cancels this task when the client's deadline passes or the client cancels
+            # (aio/server.pyx.pxi, _handle_cancellation_from_core); grpc core answers the status
+            # itself, so it is counted here or never. Not an offload_errors_total: the service
+            # did not fail, the client stopped waiting (the batcher drops the abandoned rows).
+            self._hist.observe(time.perf_counter() - t0)
+            left = context.time_remaining()
+            self._count("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
+            raise
         y32 = np.ascontiguousarray(y, dtype="<f4")
         out = pb.ModelInferResponse.InferOutputTensor(name=model.output.name, datatype="FP32", shape=y32.shape)
         if raw:
@@ -197,13 +223,7 @@ class GrpcEndpoint:
     async def start(self) -> None:
         cfg = self.svc.config
         server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", cfg.max_body_bytes),
-                ("grpc.max_concurrent_streams", cfg.grpc_max_streams),
-                # grpc sets SO_REUSEPORT by default on Linux: a second server would share the port
-                # silently (and get half the connections) instead of failing to start.
-                ("grpc.so_reuseport", 0),
-            ],
+            options=[("grpc.max_receive_message_length", cfg.max_body_bytes), ("grpc.max_concurrent_streams", cfg.grpc_max_streams), *TRANSPORT_OPTIONS],
             maximum_concurrent_rpcs=cfg.max_queue_size,
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self.svc), server)

@@ -18,7 +18,19 @@ from offload.serve.config import ServeConfig
 from offload.serve.errors import ConfigError
 from offload.serve.httpguard import HttpLimits, default_max_connections, guarded_protocol
 
-__all__ = ["serve", "is_loopback", "check_port"]
+__all__ = ["serve", "is_loopback", "check_port", "grpc_core_env"]
+
+# grpc core rollouts (src/core/lib/experiments/rollouts.yaml, grpcio 1.85: both "default: true")
+# that move socket I/O onto EventEngine worker threads. grpc.aio already hands every completion
+# from its poller thread to the event loop through a socket pair
+# (src/python/grpcio/grpc/_cython/_cygrpc/aio/completion_queue.pyx.pxi, PollerCompletionQueue);
+# with these on, each read first wakes an EventEngine thread, which then wakes the poller: one more
+# thread hop per event, several per unary RPC. Off, the poller thread reads the socket itself
+# (the iomgr path grpc core used by default for years). Measured on 2 cores with batch-1 RPCs from
+# tritonclient.grpc: 20-30 % less CPU per request for the constant-answer gRPC server, ~14 % for
+# the service. A grpcio that no longer knows a name logs "Unknown experiment" once and runs its
+# default; child processes inherit the setting.
+GRPC_EXPERIMENTS = "-event_engine_listener,-event_engine_for_all_other_endpoints"
 
 
 def is_loopback(host: str) -> bool:
@@ -59,6 +71,13 @@ def _uvicorn_config(app: Any, host: str, port: int, drain_s: float, log_level: s
     )
 
 
+def grpc_core_env() -> None:
+    """Sets ``GRPC_EXPERIMENTS`` for this process's gRPC listener unless the environment already
+    chose one. grpc core reads it once, when grpc is first imported, so this must run before
+    anything imports grpc; serve() calls it before it imports the gRPC endpoint."""
+    os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
+
+
 class _DrainingServer(uvicorn.Server):
     """uvicorn's Server, with the service's readiness switched off before it stops accepting."""
 
@@ -91,6 +110,7 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
     check_port(port)
     if grpc_port is not None:
         check_port(grpc_port)
+        grpc_core_env()  # before anything imports grpc
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not is_loopback(host):
         logging.getLogger("offload.serve").warning("binding %s: the service is reachable from the network%s", host, "" if config.api_key else " WITHOUT an API key")

@@ -6,8 +6,11 @@ serving, the message-size limit, and one batcher for both protocols. All traffic
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import re
 import signal
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -170,6 +173,46 @@ def test_an_oversized_message_is_resource_exhausted(srv, client):
     assert _grpc_infer(client, _rows(1)).as_numpy("y").shape == (1, 1)
 
 
+def _event_engine_wakeups(pid: int) -> int:
+    """Voluntary context switches of the process's grpc core EventEngine worker threads."""
+    total = 0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (t / "comm").read_text().strip() != "event_engine":
+                continue
+            total += int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", (t / "status").read_text(), re.M).group(1))
+        except FileNotFoundError:  # a worker that exited between the listing and the read
+            continue
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the server's threads from /proc (Linux)")
+def test_socket_reads_stay_off_event_engine_worker_threads(srv, client):
+    """grpc core's default (EventEngine endpoints) wakes a worker thread for every socket read and
+    only then the aio poller thread: about 3 worker wake-ups per unary RPC. ``offload serve``
+    turns those rollouts off (offload.serve.server.GRPC_EXPERIMENTS), so the poller reads the
+    socket itself and the workers sleep while RPCs flow."""
+    x, n = _rows(1), 300
+    _grpc_infer(client, x)
+    before = _event_engine_wakeups(srv.proc.pid)
+    for _ in range(n):
+        _grpc_infer(client, x)
+    # Workers still run grpc core's timers and the odd callback (0.1-0.4 wake-ups per RPC seen on a
+    # loaded machine); socket reads on them would be about 3 per RPC.
+    assert _event_engine_wakeups(srv.proc.pid) - before < n
+
+
+def test_grpc_core_env_keeps_an_operators_own_choice(monkeypatch):
+    from offload.serve.server import GRPC_EXPERIMENTS, grpc_core_env
+
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "-tcp_rcv_lowat")
+    grpc_core_env()
+    assert os.environ["GRPC_EXPERIMENTS"] == "-tcp_rcv_lowat"
+    monkeypatch.delenv("GRPC_EXPERIMENTS")
+    grpc_core_env()
+    assert os.environ["GRPC_EXPERIMENTS"] == GRPC_EXPERIMENTS
+
+
 def test_rest_and_grpc_requests_share_one_batcher():
     """With a 3 s queue delay and a batch limit of 2, one REST and one gRPC request make up a full
     batch together: the device sees a single batch of 2 rows long before the delay is over."""
@@ -192,6 +235,28 @@ def test_rest_and_grpc_requests_share_one_batcher():
         assert m['offload_queue_duration_seconds_count{model="risk"}'] == 2
         assert m['offload_queue_duration_seconds_bucket{le="2.0",model="risk"}'] == 2
         assert yg.shape == yh.shape == (1, 1)
+        assert s.stop() == 0
+
+
+def test_a_missed_client_deadline_is_counted_and_the_server_keeps_serving():
+    """A request still queued behind a 3 s batching window when the client's 0.3 s deadline passes:
+    the client gets DEADLINE_EXCEEDED, grpc.aio cancels the handler, and the response is counted
+    under its code (grpc core sends that status, not the handler)."""
+    gport = free_port()
+    with serving("--grpc-port", str(gport), "--max-queue-delay-us", "3000000", "--request-timeout-ms", "20000") as s:
+        c = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}")
+        i = tgrpc.InferInput("x", [1, 16], "FP32")
+        i.set_data_from_numpy(_rows(1))
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("risk", [i], client_timeout=0.3)
+        assert _code(e) == "StatusCode.DEADLINE_EXCEEDED"
+        key = 'offload_grpc_responses_total{code="DEADLINE_EXCEEDED"}'
+        end = time.monotonic() + 20
+        while s.metrics().get(key, 0.0) != 1:
+            assert time.monotonic() < end, f"{key} never reached 1"
+            time.sleep(0.05)
+        assert c.infer("risk", [i], client_timeout=20).as_numpy("y").shape == (1, 1)
+        c.close()
         assert s.stop() == 0
 
 
