@@ -177,3 +177,25 @@ def test_bad_rows_are_still_refused_at_the_edge_and_metrics_count_every_request(
     assert sample('offload_queue_duration_seconds_count{model="risk"}') == 7  # refused rows never queue
     assert sample('offload_batch_size_sum{model="risk"}') == 7 * 3
     assert sample('offload_queue_depth{model="risk"}') == 0
+
+
+def test_json_rows_skip_the_edge_check_only_because_they_pass_it(bundle):
+    # The service skips the kind's input check for JSON rows the parser proved finite: that holds
+    # only while such rows are everything the check asks for, which these pin.
+    from offload.kernels.mlp import MAX_BATCH
+    from offload.serve.model import served_model
+
+    model = served_model(bundle)
+    assert model.input.width == model.kernel.spec.n_features
+    with pytest.raises(Exception, match="max_batch_size"):
+        ServeConfig(max_batch_size=MAX_BATCH + 1)
+    rng = np.random.default_rng(9)
+    for rows in (1, 7, 64):
+        x = rng.normal(scale=10.0 ** rng.integers(-3, 30), size=(rows, 16))
+        body = orjson.dumps({"inputs": [{"name": "x", "shape": [rows, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
+        req = parse_infer(body, None, model.input, model.output, 64)
+        assert req.finite and req.x.dtype == np.float64 and req.x.shape == (rows, 16)
+        model.validate(req.x)  # what the skipped check would have said
+    head = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}}]})
+    nan = np.full(16, np.nan, dtype=np.float32).tobytes()
+    assert not parse_infer(head + nan, str(len(head)), model.input, model.output, 64).finite
