@@ -219,7 +219,8 @@ class ScoringService:
 
     async def infer_rows(self, x: np.ndarray) -> np.ndarray:
         """The one data plane of both protocols: the kernel's input check, then the batcher.
-        ``x`` is float64 [n, F] holding FP32 values; returns this request's own output rows."""
+        ``x`` is [n, F] FP32 values (float32, or float64 holding them); returns this request's own
+        output rows."""
         if not self._started:
             await self._ensure_started()
         self._check_rows(x)
@@ -240,7 +241,7 @@ class ScoringService:
             # infer_rows, inlined: one coroutine less per request.
             if not self._started:
                 await self._ensure_started()
-            # Finite float64 rows of the model's width, at most max_batch_size (<= the kind's
+            # Finite float rows of the model's width, at most max_batch_size (<= the kind's
             # MAX_BATCH) of them, are everything the mlp kind's input check asks for: the JSON
             # rows the parser proved finite need no second look (the binary ones get it).
             if not req.finite:

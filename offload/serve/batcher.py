@@ -155,7 +155,8 @@ class DynamicBatcher:
                 self._expiry = None
 
     async def infer(self, x: np.ndarray, timeout: float) -> np.ndarray:
-        """Queues ``x`` (float64 [n, F], n <= max_batch_size) and returns its own output rows."""
+        """Queues ``x`` ([n, F] floats, n <= max_batch_size) and returns its own output rows; the
+        device gets each batch as float64."""
         if self._stopping:
             raise ShuttingDown("service is shutting down")
         if len(self._queue) >= self.max_queue_size:
@@ -297,7 +298,11 @@ class DynamicBatcher:
             qd, bs = self._children
             for p in batch:
                 qd.observe(t_start - p.enqueued)
-        x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch], axis=0)
+        # float64 for the device, converted here once per batch (requests queue float32 rows).
+        if len(batch) == 1:
+            x = batch[0].x if batch[0].x.dtype.char == "d" else batch[0].x.astype(np.float64)
+        else:
+            x = np.concatenate([p.x for p in batch], axis=0, dtype=np.float64)
         if self._metrics is not None:
             bs.observe(x.shape[0])
         return x
