@@ -134,3 +134,24 @@ def test_the_leader_waits_one_pass_not_the_delay(monkeypatch):
 
     asyncio.run(_with(dev, body, delay_s=999e-6))
     assert dev.inline == [1, 1]
+
+
+def test_leaders_alone_for_long_skip_their_pass_and_a_probe_that_finds_company_restores_it():
+    from offload.serve.batcher import _LONELY_PASSES, _PROBE_EVERY
+
+    dev = Devices()
+
+    async def body(b):
+        for i in range(_LONELY_PASSES):  # lone requests: every pass comes back empty
+            await b.infer(_rows(i), TIMEOUT)
+        burst = await asyncio.gather(*(b.infer(_rows(i), TIMEOUT) for i in range(3)))  # leaders now skip
+        for i in range(_PROBE_EVERY - 3):
+            await b.infer(_rows(i), TIMEOUT)
+        probed = await asyncio.gather(*(b.infer(_rows(i), TIMEOUT) for i in range(3)))  # the probe's pass
+        again = await asyncio.gather(*(b.infer(_rows(i), TIMEOUT) for i in range(3)))  # passes are back
+        return burst + probed + again
+
+    ys = asyncio.run(_with(dev, body))
+    assert [y.tolist() for y in ys] == [[[10.0 * i + 1.0]] for i in range(3)] * 3
+    assert dev.inline == [1] * _LONELY_PASSES + [1, 1, 1] + [1] * (_PROBE_EVERY - 3) + [3, 3]
+    assert dev.task == []

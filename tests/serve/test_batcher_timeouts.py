@@ -1,0 +1,153 @@
+"""Request timeouts on one timer per batcher: no timer per request, an earlier deadline still
+fires first, a leader that outlived its deadline during its pass is never computed, and the queue
+depth is what a scrape reads at that moment."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import uvloop
+
+import offload.serve.batcher as batcher_module
+from offload.serve.batcher import DynamicBatcher
+from offload.serve.errors import RequestTimeout
+from offload.serve.metrics import ServeMetrics
+
+GUARD = 20.0
+
+
+class Held:
+    """run_batch stand-in whose first batch waits on a gate; records every batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[np.ndarray] = []
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def __call__(self, x):
+        self.batches.append(x.copy())
+        self.started.set()
+        if len(self.batches) == 1:
+            await self.gate.wait()
+        return x[:, :1] + 1.0, "held"
+
+
+def _row(v: float) -> np.ndarray:
+    return np.full((1, 2), v)
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_many_queued_requests_arm_one_timeout_timer(run):
+    timeout = 7.0
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        real = loop.call_later
+
+        def spy(delay, cb, *args, **kw):
+            if delay == timeout:
+                armed.append(delay)
+            return real(delay, cb, *args, **kw)
+
+        dev = Held()
+        b = DynamicBatcher(dev, max_batch_size=64, max_queue_delay_s=0.0, max_queue_size=100)
+        await b.start()
+        loop.call_later = spy
+        try:
+            first = asyncio.ensure_future(b.infer(_row(0), timeout))
+            await dev.started.wait()
+            rest = [asyncio.ensure_future(b.infer(_row(i), timeout)) for i in range(1, 50)]
+            for _ in range(3):
+                await asyncio.sleep(0)
+            dev.gate.set()
+            ys = await asyncio.wait_for(asyncio.gather(first, *rest), GUARD)
+        finally:
+            del loop.call_later
+            await b.stop()
+        return armed, ys
+
+    armed, ys = run(go())
+    assert [y.tolist() for y in ys] == [[[i + 1.0]] for i in range(50)]
+    assert len(armed) == 1, f"{len(armed)} timeout timers for 50 requests"
+
+
+def test_an_earlier_deadline_behind_later_ones_still_times_out_and_is_never_computed():
+    async def go():
+        dev = Held()
+        b = DynamicBatcher(dev, max_batch_size=64, max_queue_delay_s=0.0, max_queue_size=100)
+        await b.start()
+        busy = asyncio.ensure_future(b.infer(_row(0), GUARD))
+        await dev.started.wait()
+        patient = asyncio.ensure_future(b.infer(_row(1), 3600.0))  # arms the timer an hour out
+        hasty = asyncio.ensure_future(b.infer(_row(2), 0.02))
+        with pytest.raises(RequestTimeout, match="20 ms"):
+            await asyncio.wait_for(hasty, GUARD)
+        assert b.depth == 1
+        dev.gate.set()
+        ys = await asyncio.wait_for(asyncio.gather(busy, patient), GUARD)
+        await b.stop()
+        return dev, ys
+
+    dev, ys = asyncio.run(go())
+    assert [y.tolist() for y in ys] == [[[1.0]], [[2.0]]]
+    assert 2.0 not in np.concatenate(dev.batches)[:, 0]
+
+
+def test_a_leader_past_its_deadline_after_its_pass_times_out_uncomputed(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(batcher_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    computed: list[int] = []
+
+    def run_inline(x):
+        computed.append(x.shape[0])
+        return x[:, :1] + 1.0, "inline"
+
+    async def run_batch(x):
+        return run_inline(x)
+
+    async def go():
+        b = DynamicBatcher(run_batch, max_batch_size=64, max_queue_delay_s=100e-6, max_queue_size=10, run_inline=run_inline)
+        await b.start()
+        for _ in range(3):  # the batcher's task parks: the next lone request leads
+            await asyncio.sleep(0)
+
+        async def late_clock():
+            clock[0] = 5.0  # runs during the leader's one pass
+
+        leader = asyncio.ensure_future(b.infer(_row(0), 1.0))
+        mover = asyncio.ensure_future(late_clock())
+        with pytest.raises(RequestTimeout, match="1000 ms"):
+            await asyncio.wait_for(leader, GUARD)
+        await mover
+        after = await asyncio.wait_for(b.infer(_row(3), 1.0), GUARD)  # the batcher carries on
+        await b.stop()
+        return after, b.depth
+
+    after, depth = asyncio.run(go())
+    assert after.tolist() == [[4.0]] and depth == 0
+    assert computed == [1]  # only the later request's batch
+
+
+def test_the_queue_depth_is_read_when_scraped():
+    async def go():
+        m = ServeMetrics()
+        dev = Held()
+        b = DynamicBatcher(dev, max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=10, metrics=m, model="m1")
+        await b.start()
+        futs = [asyncio.ensure_future(b.infer(_row(0), GUARD))]
+        await dev.started.wait()
+        futs += [asyncio.ensure_future(b.infer(_row(i), GUARD)) for i in (1, 2, 3)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        held = m.registry.get_sample_value("offload_queue_depth", {"model": "m1"})
+        dev.gate.set()
+        await asyncio.wait_for(asyncio.gather(*futs), GUARD)
+        drained = m.registry.get_sample_value("offload_queue_depth", {"model": "m1"})
+        await b.stop()
+        return held, drained
+
+    assert asyncio.run(go()) == (3.0, 0.0)
