@@ -8,7 +8,7 @@ the same CPU and the same data, interleaved round by round (best of ``--rounds``
 - ``torch``: ``torch.nn.EmbeddingBag`` in float32 (the baseline of every ratio), on n threads;
 - ``sim-fused``: the fused compiled kernels (:func:`offload.sim.embedding_fused.run`) on aligned
   resident tables, n threads, raw fixed-point output (what the sim device runs after validation);
-- ``sim-dev``: ``SimDevice.run`` (input validation + fused kernels), single-threaded;
+- ``sim-dev``: ``SimDevice.run`` (input validation + fused kernels) on n threads, as the op runs it;
 - ``sim-op``: ``offload.nn.EmbeddingBag`` on the sim device (torch op -> validation -> fused -> float32),
   following torch's thread count;
 - with ``--peers``: ``sim-ref``, the NumPy reference (the oracle), and ``gather``, ``np.take`` of the
@@ -85,7 +85,11 @@ def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, threads, roun
                     with torch.no_grad():
                         return tbag(idx, off)
 
-                fns = {"torch": torch_call, "sim-fused": fused_call, "sim-dev": lambda: dev.run(h, inputs), "sim-op": lambda: m(idx, off)}
+                def dev_call():
+                    with fused.using_threads(th):
+                        return dev.run(h, inputs)
+
+                fns = {"torch": torch_call, "sim-fused": fused_call, "sim-dev": dev_call, "sim-op": lambda: m(idx, off)}
                 if peers:
                     fns["sim-ref"] = lambda: kind.reference(kernel.spec, kernel.tensors, inputs)
                     fns["gather"] = lambda: np.take(table, idx_np, axis=0)

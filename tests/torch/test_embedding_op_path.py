@@ -21,7 +21,7 @@ def _two_step(raw: np.ndarray, F: int) -> np.ndarray:
 @pytest.mark.parametrize("fmt", ["ap_fixed<64,4>", "ap_fixed<32,12>", "ap_ufixed<32,0>", "ap_fixed<16,6>",
                                  "ap_fixed<16,-110>", "ap_fixed<8,-130>", "ap_fixed<8,12>", "ap_int<16>"])
 def test_float32_output_is_bit_identical_to_the_two_step_conversion(fmt):
-    """The one-ufunc conversion (int64 -> float32 times the float32 2^-F) against astype + ldexp,
+    """The conversion by a float32 multiply (int64 -> float32, times the float32 2^-F) against astype + ldexp,
     on values float32 must round (ties included) and the extremes of int64; F from -4 to 138."""
     t = FixedType.parse(fmt)
     rng = np.random.default_rng(0)
