@@ -55,15 +55,14 @@ def _interleaved(fns: dict, rounds: int) -> dict[str, float]:
 
 
 def _best_seconds(fn, min_time: float, repeats: int) -> float:
-    """``best_seconds`` with the calls per window sized from the fastest of 5 single calls: sized
-    from one call that happened to wait for a core (ms on a loaded machine), a window held a single
-    call, whose worker threads had gone to sleep since the last, so every window waited again."""
+    """``best_seconds`` with the calls per window sized from 20 back-to-back calls: sized from one
+    call that happened to wait for a core (ms on a loaded machine), a window held a single call,
+    whose worker threads had gone to sleep since the last, so every window waited again."""
     fn()
-    one = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    for _ in range(20):
         fn()
-        one = min(one, time.perf_counter() - t0)
+    one = (time.perf_counter() - t0) / 20
     n = max(1, int(min_time / max(one, 1e-7)))
     best = float("inf")
     for _ in range(repeats):

@@ -406,9 +406,8 @@ if numba is not None:
             finish(acc, dim, 0, n, p, out, b, col)
         return 0
 
-    # One chunk per thread (numba's static schedule hands each thread one contiguous block anyway);
-    # the chunks' accumulator rows in ``scratch`` never share a cache line (_scratch), so two threads
-    # never write one line.
+    # One chunk of bags per row of ``scratch`` (_CHUNKS_PER_THREAD per thread); the chunks'
+    # accumulator rows never share a cache line (_scratch), so two threads never write one line.
     @numba.njit(nogil=True, cache=True, parallel=True)
     def par_plain(table, idx, off, t0, nb_, p, scratch, out, col):
         nc = scratch.shape[0]
@@ -454,10 +453,16 @@ def _scratch(nc: int, dim: int, dtype) -> np.ndarray:
     return np.empty((nc, stride), dtype=dtype)
 
 
+# Chunks of bags per thread in a parallel call. Measured on the 2 shared cores, 2 threads, best of 40
+# windows: 4 per thread against 1, 4096 x 20: 468 against 629 us, 256 x 20: 35 against 43 us,
+# 64 x 100: 54 against 60 us (a thread that loses its core for a while leaves less undone).
+_CHUNKS_PER_THREAD = 4
+
+
 def _call_table(tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, nthreads):
     """One table's bags; ``nthreads`` > 1 runs the parallel kernel on that many threads."""
     parallel = nthreads > 1
-    nc = min(nthreads, B) if parallel else 1
+    nc = min(nthreads * _CHUNKS_PER_THREAD, B) if parallel else 1
     dim = table.shape[1]
     if tp.plain and w is None:
         if not parallel:
