@@ -671,19 +671,28 @@ def golden_inputs(spec: EmbeddingSpec, rng: np.random.Generator, case: int) -> d
 
 # The fused path (offload.sim.embedding_fused) imports numba, 0.37 s measured with -X importtime:
 # loaded on a device's first load, not by every `import offload.kernels` (`offload --help` among them).
+_FUSED: list = []
+
+
+def _fused():
+    """The fused module, imported once (an import statement inside run_checked cost ~1 us per call)."""
+    if not _FUSED:
+        from offload.sim import embedding_fused
+
+        _FUSED.append(embedding_fused)
+    return _FUSED[0]
+
+
 def prepare(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
     """The fused path compiled (or loaded from numba's disk cache) for this spec, so no request pays
     the JIT. The tables are the device's aligned resident copies and are kept as they are."""
-    from offload.sim import embedding_fused
-
-    return dict(tensors), embedding_fused.warm_up(spec.per_feature(), feature_tensors(spec, tensors))
+    return dict(tensors), _fused().warm_up(spec.per_feature(), feature_tensors(spec, tensors))
 
 
 def run_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The fused compiled path: checks inside the loops, before any table read they guard; on any
     failure :func:`validate` runs and raises its own error."""
-    from offload.sim import embedding_fused
-
+    embedding_fused = _fused()
     if spec.feature_table_map is not None:
         spec, tensors = spec.per_feature(), feature_tensors(spec, tensors)
     if spec.mode != "sum" and inputs.get("per_sample_weights") is not None:

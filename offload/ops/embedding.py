@@ -44,22 +44,27 @@ _NP_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.float6
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
+    # Only the steps a tensor needs: each of detach / cpu / contiguous costs ~0.5-1 us even as a no-op.
     if t.dtype in _NARROW:
         t = t.to(torch.int32)
-    return t.contiguous().numpy()
+    if not t.is_cpu:
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.numpy()  # integer tensors never require grad
 
 
 def _host_weights(t: torch.Tensor) -> np.ndarray:
     # float64 holds every bfloat16/float16/float32 value exactly (and NumPy has no bfloat16).
-    t = t.detach()
-    if t.device.type != "cpu":
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_cpu:
         t = t.cpu()
     if t.dtype != torch.float64:
         t = t.to(torch.float64)
-    return t.contiguous().numpy()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.numpy()
 
 
 def quantize_weights(w: np.ndarray, wt, on_overflow: str) -> np.ndarray:
@@ -96,9 +101,14 @@ def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_
 
 
 def _to_dtype(raw: np.ndarray, out_t, dtype: torch.dtype) -> torch.Tensor:
-    if dtype == torch.float32:
+    if dtype == torch.float32 and 0 <= out_t.F <= 126:
         # round(raw) * 2^-F in float32 equals round(raw * 2^-F): scaling by a power of two commutes
-        # with rounding while results stay normal (|value| >= 2^-F >> 2^-126 for F <= 64).
+        # with rounding while results stay normal (|value| >= 2^-F >= 2^-126 for 0 <= F <= 126).
+        # A multiply by the exact float32 2^-F instead of ldexp: ~1 us against ~9 us for a small result.
+        y = raw.astype(np.float32)
+        y *= np.float32(2.0 ** -out_t.F)
+        return torch.from_numpy(y)
+    if dtype == torch.float32:  # F outside [0, 126] (2^-F not a normal float32): the two steps as before
         y = raw.astype(np.float32)
         np.ldexp(y, np.int32(-out_t.F), out=y)
         return torch.from_numpy(y)
@@ -107,12 +117,14 @@ def _to_dtype(raw: np.ndarray, out_t, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(out.astype(np_dt)) if np_dt is not None else torch.from_numpy(out).to(dtype)
 
 
+_INDEX_NAMES = ", ".join(str(d).replace("torch.", "") for d in _INDEX_DTYPES)
+
+
 def _check(indices: torch.Tensor, offsets: torch.Tensor, psw: Optional[torch.Tensor]) -> None:
-    names = ", ".join(str(d).replace("torch.", "") for d in _INDEX_DTYPES)
     if indices.dtype not in _INDEX_DTYPES:
-        raise IndexDtypeError(f"indices: dtype must be one of {names}, got {indices.dtype}")
+        raise IndexDtypeError(f"indices: dtype must be one of {_INDEX_NAMES}, got {indices.dtype}")
     if offsets.dtype not in _INDEX_DTYPES:
-        raise IndexDtypeError(f"offsets: dtype must be one of {names}, got {offsets.dtype}")
+        raise IndexDtypeError(f"offsets: dtype must be one of {_INDEX_NAMES}, got {offsets.dtype}")
     if psw is not None and not psw.dtype.is_floating_point:
         raise InputTypeError(f"per_sample_weights: dtype must be floating point, got {psw.dtype}")
 
@@ -129,7 +141,7 @@ def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_wei
         idx, off, w = _last_bag_as_torch(res.kernel.spec, idx, off, w)
     raw, out_t = _run_raw(res, idx, off, w)
     y = _to_dtype(raw, out_t, dtype)
-    return y if indices.device.type == "cpu" else y.to(indices.device)
+    return y if indices.is_cpu else y.to(indices.device)
 
 
 def _last_bag_as_torch(spec, idx: np.ndarray, off: np.ndarray, w: np.ndarray | None):
@@ -169,5 +181,5 @@ _lib.impl("embedding_lookup", _impl_single, "CompositeExplicitAutograd")
 _lib.impl("embedding_lookup_tbe", _impl, "CompositeExplicitAutograd")
 torch.library.register_fake("offload::embedding_lookup", _fake, lib=_lib)
 torch.library.register_fake("offload::embedding_lookup_tbe", _fake, lib=_lib)
-register_inference_only("offload::embedding_lookup", _lib)
-register_inference_only("offload::embedding_lookup_tbe", _lib)
+register_inference_only("offload::embedding_lookup", _lib, _impl_single)
+register_inference_only("offload::embedding_lookup_tbe", _lib, _impl)

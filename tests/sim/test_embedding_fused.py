@@ -269,3 +269,65 @@ def test_strided_and_byte_swapped_indices():
     for idx in (strided, swapped):
         assert np.array_equal(dev.run(h, {"indices": idx, "offsets": inputs["offsets"]})["out"], ref)
     dev.close()
+
+
+def _spy_threads(monkeypatch):
+    """The thread count each table's kernel call gets (1: the serial kernel, more: the parallel one)."""
+    seen = []
+    real = F._call_table
+
+    def spy(*a):
+        seen.append(a[-1])
+        return real(*a)
+
+    monkeypatch.setattr(F, "_call_table", spy)
+    return seen
+
+
+@pytest.mark.parametrize("name,weighted", [("fixed-sum", False), ("fixed-sum", True), ("wrap-acc", True)])
+def test_parallel_threshold_both_sides(monkeypatch, name, weighted):
+    """With threads, calls under PARALLEL_MIN gathered elements run the serial kernel, calls at or
+    over it the parallel one; both bit-exact, and a single-threaded call never goes parallel."""
+    spec = SPECS[name]()
+    rng = np.random.default_rng(5)
+    k = make_kernel("k", spec, random_tables(rng, spec))
+    inputs = make_case(rng, spec, 40, spec.max_bag_size, weighted=weighted, pad_frac=0.1)
+    elements = inputs["indices"].shape[0] * spec.total_dim
+    assert elements > 1
+    seen = _spy_threads(monkeypatch)
+    for threshold, threads, want in ((elements + 1, 2, 1), (elements, 2, min(2, F._MAX_THREADS)), (0, 1, 1)):
+        monkeypatch.setattr(F, "PARALLEL_MIN", threshold)
+        seen.clear()
+        _check(spec, k.tensors, inputs, threads=(threads,))
+        assert seen == [want] * spec.num_tables, (threshold, threads, seen)
+
+
+def test_parallel_scratch_rows_never_share_a_cache_line():
+    """No two threads' accumulator rows touch one 64-byte line, wherever the buffer starts (two
+    threads adding into one cache line made a 2-chunk parallel call no faster than the serial one)."""
+    for dim, dt in itertools.product((1, 3, 16, 64, 100), (np.int32, np.int64)):
+        for nc in (1, 2, 3, 8):
+            s = F._scratch(nc, dim, dt)
+            assert s.shape[0] == nc and s.shape[1] >= dim and s.dtype == dt and s.flags.c_contiguous
+            for c in range(nc - 1):
+                last_line = (s[c].ctypes.data + dim * s.itemsize - 1) // 64
+                assert s[c + 1].ctypes.data // 64 > last_line, (dim, dt, nc, c)
+
+
+def test_parallel_call_restores_numbas_thread_count(monkeypatch):
+    """The thread count is numba's per-thread setting; a parallel call sets it only for itself."""
+    import numba
+
+    monkeypatch.setattr(F, "PARALLEL_MIN", 0)
+    spec = SPECS["fixed-sum"]()
+    rng = np.random.default_rng(6)
+    k = make_kernel("k", spec, random_tables(rng, spec))
+    inputs = make_case(rng, spec, 30, spec.max_bag_size)
+    prev = numba.get_num_threads()
+    try:
+        for start in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(start)
+            _check(spec, k.tensors, inputs, threads=(2,))
+            assert numba.get_num_threads() == start
+    finally:
+        numba.set_num_threads(prev)
