@@ -50,26 +50,7 @@ def _interleaved(fns: dict, rounds: int) -> dict[str, float]:
     best = {k: float("inf") for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
-            best[k] = min(best[k], _best_seconds(fn, min_time=0.005, repeats=10))
-    return best
-
-
-def _best_seconds(fn, min_time: float, repeats: int) -> float:
-    """``best_seconds`` with the calls per window sized from 20 back-to-back calls: sized from one
-    call that happened to wait for a core (ms on a loaded machine), a window held a single call,
-    whose worker threads had gone to sleep since the last, so every window waited again."""
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(20):
-        fn()
-    one = (time.perf_counter() - t0) / 20
-    n = max(1, int(min_time / max(one, 1e-7)))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n)
+            best[k] = min(best[k], best_seconds(fn, min_time=0.005, repeats=10, sizing_calls=20))
     return best
 
 
