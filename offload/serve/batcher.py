@@ -333,10 +333,8 @@ class DynamicBatcher:
         x = self._rows_of(batch)
         try:
             y, _ = self._run_inline(x)
-        except Exception as e:  # every request of the batch learns what happened to it
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(e)
+        except Exception as e:
+            self._fail(batch, e)
             return
         self._deliver(batch, y)
 
@@ -351,12 +349,17 @@ class DynamicBatcher:
             for p in batch:
                 p.future.cancel()
             raise
-        except Exception as e:  # every request of the batch learns what happened to it
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(e)
+        except Exception as e:
+            self._fail(batch, e)
             return
         self._deliver(batch, y)
+
+    @staticmethod
+    def _fail(batch: list[_Pending], e: Exception) -> None:
+        """Every request of the batch learns what happened to it."""
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(e)
 
     @staticmethod
     def _deliver(batch: list[_Pending], y: np.ndarray) -> None:
