@@ -61,6 +61,15 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _stop(procs) -> None:
+    """Terminates every server first, then waits for each: they shut down side by side."""
+    procs = list(procs)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=30)
+
+
 def _start(cmd: list[str], port: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
@@ -150,10 +159,7 @@ def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with
                     runs[(k, c)].append(row)
                     print(f"[{rep + 1}/{repeats}] {k:8s} {c:4d} conns  {row['throughput']:7.0f} req/s  p50 {row['p50_ms']:8.3f} ms  p99 {row['p99_ms']:8.3f} ms  errors {row['errors']}  server CPU {cpu_us:6.1f} us/req", flush=True)
     finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            p.wait(timeout=30)
+        _stop(procs.values())
     res: dict = {k: {} for k in cmds}
     for (k, c), rows in runs.items():
         res[k][c] = {f: float(np.median([r[f] for r in rows])) for f in ("throughput", "p50_ms", "p99_ms", "server_cpu_us_per_req")}
@@ -248,10 +254,7 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     finally:
         for c in (gc_, hc, fgc, fhc):
             c.close()
-        for p in (proc, floor):
-            p.terminate()
-        for p in (proc, floor):
-            p.wait(timeout=30)
+        _stop((proc, floor))
     out = {}
     for k in calls:
         a = np.array(lat[k]) * 1e6
@@ -339,10 +342,7 @@ def main() -> None:
                     runs[(k, rate)].append(row)
                     print(f"[{rep + 1}/{a.repeats}] {k:8s} rate {rate:6.0f}/s  p50 {row['p50_ms']:8.3f} ms  p99 {row['p99_ms']:9.3f} ms  {row['throughput']:7.1f} req/s  errors {row['errors']}  server CPU {cpu_us:5.0f} us/req", flush=True)
     finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            p.wait(timeout=30)
+        _stop(procs.values())
     results: dict[str, list[dict]] = {k: [] for k in cmds}
     for (k, rate), rows in runs.items():
         med = {f: float(np.median([r[f] for r in rows])) for f in ("p50_ms", "p99_ms", "throughput", "server_cpu_us_per_req")}
