@@ -22,13 +22,13 @@ from starlette.routing import Route
 from offload import __version__
 from offload.host.bundle import load
 from offload.serve.auth import BearerAuth
-from offload.serve.batcher import DynamicBatcher
+from offload.serve.batcher import BatchOut, DynamicBatcher
 from offload.serve.config import ServeConfig
 from offload.serve.errors import BodyTooLarge, InvalidRequest, ServeError, UnknownModel, answer
 from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from offload.serve.model import ServedModel, served_model
-from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, encode_infer, encode_json, parse_infer
+from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, encode_infer, encode_json, encode_json_rows, json_row_values, parse_infer, stack_rows
 from offload.sim.errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["create_app", "ScoringService"]
@@ -82,6 +82,7 @@ class ScoringService:
             metrics=self.metrics,
             model=self.model.name,
             run_inline=self.runner.run_inline if self.runner.inline else None,
+            stack=stack_rows,
         )
         self._request_hist = self.metrics.request_duration.labels(model=self.model.name)
         self._ok_counter = self.metrics.requests.labels(model=self.model.name, code="200")
@@ -237,7 +238,7 @@ class ScoringService:
         t0 = time.perf_counter() if t0 is None else t0
         model = self.model
         try:
-            req = parse_infer(body, header_length, model.input, model.output, self.config.max_batch_size)
+            req = parse_infer(body, header_length, model.input, model.output, self.config.max_batch_size, lazy_json=True)
             # infer_rows, inlined: one coroutine less per request.
             if not self._started:
                 await self._ensure_started()
@@ -246,16 +247,26 @@ class ScoringService:
             # rows the parser proved finite need no second look (the binary ones get it).
             if not req.finite:
                 self._check_rows(req.x)
-            y = await self.batcher.infer(req.x, self._timeout_s)
+            shared, off, n = await self.batcher.infer_shared(req.x, self._timeout_s)
             if req.binary_output:
-                out, headers = encode_infer(model.name, model.version, req, y, model.output)
+                out, headers = encode_infer(model.name, model.version, req, shared.y[off : off + n], model.output)
             else:
-                out, headers = encode_json(model.name, model.version, req.id, y, model.output), JSON_HEADERS
+                out, headers = self._encode_json(req.id, shared, off, n), JSON_HEADERS
         except ServeError as e:
             return self._finish(e, t0)
         self._request_hist.observe(time.perf_counter() - t0)
         self._ok_counter.inc()
         return 200, out, headers
+
+    def _encode_json(self, rid: str | None, shared: BatchOut, off: int, n: int) -> bytes:
+        model = self.model
+        if n == shared.y.shape[0]:  # the batch is this request's alone
+            return encode_json(model.name, model.version, rid, shared.y, model.output)
+        # The batch's values are encoded once, by whichever of its requests comes first.
+        rows = shared.derived
+        if rows is None:
+            rows = shared.derived = json_row_values(shared.y)
+        return encode_json_rows(model.name, model.version, rid, rows, off, n, model.output)
 
     def _finish(self, err: ServeError, t0: float):
         status, err_type = answer(err)

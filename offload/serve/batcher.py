@@ -39,6 +39,12 @@ every ``_PROBE_EVERY``-th, whose pass finds out whether company is back; one tha
 the passes back on. So under load (where passes bring company) nothing changes, and a burst that
 arrives while leaders skip costs at most ``_PROBE_EVERY`` batches of one.
 
+Requests' rows are converted per batch. What a request queues is any sequence of rows the
+``stack`` function turns, with the rest of its batch, into one float64 array (the service's JSON
+rows are converted here, in one go: :func:`offload.serve.oip.stack_rows`); a request it refuses
+gets its error, and the others their batch. Each request gets back its place in the batch's
+shared output (:class:`BatchOut`), where encoders keep what they derive once per batch.
+
 One timer for every request's timeout. Each request's deadline goes on a heap; the batcher keeps a
 single timer armed at the earliest one, and answers requests done meanwhile are dropped from the
 heap's top as new ones come. A ``call_later`` and its cancel per request cost uvloop ~2 us (a
@@ -54,14 +60,14 @@ import collections
 import heapq
 import itertools
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import numpy as np
 
 from offload.serve.errors import QueueFull, RequestTimeout, ShuttingDown
 from offload.serve.metrics import ServeMetrics
 
-__all__ = ["DynamicBatcher", "QueueFull", "RequestTimeout", "ShuttingDown"]
+__all__ = ["DynamicBatcher", "BatchOut", "QueueFull", "RequestTimeout", "ShuttingDown"]
 
 # The coarsest step of the event loop's timers (uvloop and asyncio's epoll selector alike: whole ms).
 _TIMER_TICK_S = 1e-3
@@ -71,14 +77,33 @@ _LONELY_PASSES = 16
 _PROBE_EVERY = 8
 
 
+class BatchOut:
+    """A batch's output, shared by its requests: ``y`` [rows, n_out] float64, and ``derived``,
+    where the requests' encoder keeps what it computes once per batch (None until one does)."""
+
+    __slots__ = ("y", "derived")
+
+    def __init__(self, y: np.ndarray) -> None:
+        self.y = y
+        self.derived = None
+
+
+def stack_arrays(xs: list[np.ndarray]) -> tuple[np.ndarray, dict[int, Exception]]:
+    """The default ``stack``: arrays of rows, concatenated in order as float64; refuses none."""
+    if len(xs) == 1:
+        return (xs[0] if xs[0].dtype.char == "d" else xs[0].astype(np.float64)), {}
+    return np.concatenate(xs, axis=0, dtype=np.float64), {}
+
+
 class _Pending:
     """One queued request. A plain class with slots: a dataclass with a default_factory cost
     ~1 us more per request (py-spy)."""
 
-    __slots__ = ("x", "future", "enqueued", "taken")
+    __slots__ = ("x", "n", "future", "enqueued", "taken")
 
-    def __init__(self, x: np.ndarray, future: asyncio.Future) -> None:
+    def __init__(self, x: Sequence, future: asyncio.Future) -> None:
         self.x = x
+        self.n = len(x)
         self.future = future
         self.enqueued = time.perf_counter()
         self.taken = False
@@ -89,7 +114,8 @@ class DynamicBatcher:
 
     ``await run_batch(x: float64 [N, F]) -> (y: [N, n_out], device_name)``; it owns threads and
     deadlines (:class:`~offload.serve.faults.FailoverRunner`), so the batcher holds no thread that
-    a stuck device could pin.
+    a stuck device could pin. ``stack(list of queued rows) -> (float64 [N, F], {index: error})``
+    builds a batch's input (default :func:`stack_arrays`).
 
     Example::
 
@@ -109,8 +135,10 @@ class DynamicBatcher:
         metrics: ServeMetrics | None = None,
         model: str = "model",
         run_inline: Callable[[np.ndarray], tuple[np.ndarray, str]] | None = None,
+        stack: Callable[[list], tuple[np.ndarray, dict[int, Exception]]] = stack_arrays,
     ) -> None:
         self._run_batch = run_batch
+        self._stack = stack
         # run_batch as a plain call, given only where run_batch never suspends (FailoverRunner.inline).
         self._run_inline = run_inline
         self.max_batch_size = max_batch_size
@@ -173,6 +201,12 @@ class DynamicBatcher:
     async def infer(self, x: np.ndarray, timeout: float) -> np.ndarray:
         """Queues ``x`` ([n, F] floats, n <= max_batch_size) and returns its own output rows; the
         device gets each batch as float64."""
+        out, off, n = await self.infer_shared(x, timeout)
+        return out.y[off : off + n]
+
+    async def infer_shared(self, x: Sequence, timeout: float) -> tuple[BatchOut, int, int]:
+        """:meth:`infer`, answered with the batch's shared output and this request's rows in it:
+        ``(out, offset, n)``. ``x`` is anything ``stack`` takes, ``len(x)`` rows."""
         if self._stopping:
             raise ShuttingDown("service is shutting down")
         if len(self._queue) >= self.max_queue_size:
@@ -181,7 +215,7 @@ class DynamicBatcher:
         p = _Pending(x, loop.create_future())
         lead = self._lead_ok and self._idle and not self._leading and not self._queue
         self._queue.append(p)
-        self._rows += x.shape[0]
+        self._rows += p.n
         if lead:
             return await self._lead(loop, p, timeout)
         if not self._leading and (self._rows >= self.max_batch_size or len(self._queue) == 1):
@@ -217,7 +251,7 @@ class DynamicBatcher:
             self._expiry_at = heap[0][0]
             self._expiry = loop.call_later(max(heap[0][0] - time.perf_counter(), 0.0), self._expire_due, loop)
 
-    async def _lead(self, loop: asyncio.AbstractEventLoop, p: _Pending, timeout: float) -> np.ndarray:
+    async def _lead(self, loop: asyncio.AbstractEventLoop, p: _Pending, timeout: float) -> tuple[BatchOut, int, int]:
         """The batcher's work for the batch ``p`` opens, done in ``p``'s own task (see the module)."""
         self._leading = True
         try:
@@ -253,7 +287,7 @@ class DynamicBatcher:
             return
         if not p.taken:  # still queued: take it out so the device never computes it
             self._queue.remove(p)
-            self._rows -= p.x.shape[0]
+            self._rows -= p.n
         p.future.set_exception(RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms"))
 
     async def _loop(self) -> None:
@@ -303,34 +337,37 @@ class DynamicBatcher:
     def _take(self) -> list[_Pending]:
         batch: list[_Pending] = []
         rows = 0
-        while self._queue and rows + self._queue[0].x.shape[0] <= self.max_batch_size:
+        while self._queue and rows + self._queue[0].n <= self.max_batch_size:
             p = self._queue.popleft()
-            self._rows -= p.x.shape[0]
+            self._rows -= p.n
             if p.future.done():  # timed out or cancelled while queued
                 continue
             p.taken = True
             batch.append(p)
-            rows += p.x.shape[0]
+            rows += p.n
         return batch
 
-    def _rows_of(self, batch: list[_Pending]) -> np.ndarray:
-        """The batch's rows in queue order; its queue and size metrics."""
+    def _rows_of(self, batch: list[_Pending]) -> tuple[np.ndarray, list[_Pending]]:
+        """The batch's rows in queue order (float64 for the device, converted here once per batch)
+        and the requests they belong to: any that ``stack`` refused have their error and are out.
+        Its queue and size metrics."""
         t_start = time.perf_counter()
-        if self._metrics is not None:
+        x, refused = self._stack([p.x for p in batch])
+        if refused:
+            for i, e in refused.items():
+                batch[i].future.set_exception(e)
+            batch = [p for i, p in enumerate(batch) if i not in refused]
+        if self._metrics is not None and batch:  # of the requests that go on to the device
             qd, bs = self._children
             for p in batch:
                 qd.observe(t_start - p.enqueued)
-        # float64 for the device, converted here once per batch (requests queue float32 rows).
-        if len(batch) == 1:
-            x = batch[0].x if batch[0].x.dtype.char == "d" else batch[0].x.astype(np.float64)
-        else:
-            x = np.concatenate([p.x for p in batch], axis=0, dtype=np.float64)
-        if self._metrics is not None:
             bs.observe(x.shape[0])
-        return x
+        return x, batch
 
     def _run_now(self, batch: list[_Pending]) -> None:
-        x = self._rows_of(batch)
+        x, batch = self._rows_of(batch)
+        if not batch:
+            return
         try:
             y, _ = self._run_inline(x)
         except Exception as e:
@@ -339,7 +376,9 @@ class DynamicBatcher:
         self._deliver(batch, y)
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
-        x = self._rows_of(batch)
+        x, batch = self._rows_of(batch)
+        if not batch:
+            return
         try:
             y, _ = await self._run_batch(x)
             # Let the requests that arrived meanwhile be read and queued before the next batch is
@@ -363,9 +402,9 @@ class DynamicBatcher:
 
     @staticmethod
     def _deliver(batch: list[_Pending], y: np.ndarray) -> None:
+        out = BatchOut(y)
         off = 0
         for p in batch:
-            n = p.x.shape[0]
             if not p.future.done():
-                p.future.set_result(y[off : off + n])
-            off += n
+                p.future.set_result((out, off, p.n))
+            off += p.n

@@ -17,7 +17,10 @@ import orjson
 
 from offload.serve.errors import InvalidRequest, RequestError
 
-__all__ = ["OipError", "TensorSpec", "InferRequest", "parse_infer", "encode_infer", "encode_json", "check_shape", "HEADER_LENGTH", "JSON_HEADERS"]
+__all__ = [
+    "OipError", "TensorSpec", "InferRequest", "JsonRows", "parse_infer", "stack_rows", "encode_infer", "encode_json",
+    "json_row_values", "encode_json_rows", "check_shape", "HEADER_LENGTH", "JSON_HEADERS",
+]
 
 HEADER_LENGTH = "inference-header-content-length"
 # The extra headers of every JSON answer (results and errors alike): one shared, read-only mapping,
@@ -44,10 +47,11 @@ class TensorSpec:
 
 
 class InferRequest(NamedTuple):
-    """A parsed request: the rows to score (float32, the FP32 values sent) and how to answer.
+    """A parsed request: the rows to score (float32, the FP32 values sent; or, where asked for,
+    :class:`JsonRows` converted with their batch) and how to answer.
     A NamedTuple: immutable like a frozen dataclass, at half its construction cost (one per request)."""
 
-    x: np.ndarray
+    x: np.ndarray | JsonRows
     id: str | None
     binary_output: bool
     # Every value of x is finite: JSON numbers that passed the FP32 range check always are (JSON
@@ -61,8 +65,32 @@ def _obj(v: Any, what: str) -> dict:
     return v
 
 
-def parse_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: TensorSpec, max_batch: int) -> InferRequest:
-    """Parses an OIP v2 ``infer`` body (JSON, or JSON header + binary tensors)."""
+class JsonRows:
+    """A request's JSON rows, still the flat list of numbers the body held, converted together with
+    the rest of its batch by :func:`stack_rows`: one NumPy conversion and one range check per batch
+    instead of four fixed-cost NumPy calls per request (~1.4 us a request at 64 in flight). Only a
+    flat list of ``n * f`` values whose first is a float is kept this way; its conversion, alone
+    or with others, gives exactly what :func:`parse_infer` gives it eagerly, refusals included."""
+
+    __slots__ = ("data", "n", "f")
+
+    def __init__(self, data: list, n: int, f: int) -> None:
+        self.data, self.n, self.f = data, n, f
+
+    def __len__(self) -> int:
+        return self.n
+
+    def convert(self) -> np.ndarray:
+        """This request's rows alone (float32 [n, f]); :class:`InvalidRequest` as parse_infer."""
+        return _json_data(self.data, self.n, self.f)
+
+
+def parse_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: TensorSpec, max_batch: int, *, lazy_json: bool = False) -> InferRequest:
+    """Parses an OIP v2 ``infer`` body (JSON, or JSON header + binary tensors).
+
+    ``lazy_json``: JSON rows may come back as :class:`JsonRows`, for :func:`stack_rows` to convert
+    with the rest of their batch (the service's batcher does); otherwise ``x`` is always an array.
+    """
     binary = b""
     if header_length is not None:
         try:
@@ -89,6 +117,13 @@ def parse_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: Te
     if t.get("datatype") != inp.datatype:
         raise InvalidRequest(f"inputs[0].datatype: {t.get('datatype')!r} is not supported; expected {inp.datatype!r}")
     b, f = check_shape(t.get("shape"), inp, max_batch)
+    if lazy_json and not binary:
+        data = t.get("data")
+        # The flat list of numbers every OIP client sends; a float first value keeps NumPy's
+        # conversion of the whole list float64 however the batch around it looks (an int first
+        # value could make it int64 or object alone, float64 in company).
+        if type(data) is list and len(data) == b * f and type(data[0]) is float and "parameters" not in t:
+            return InferRequest(JsonRows(data, b, f), rid, _wants_binary(req, out), True)
     x, finite = _tensor_data(t, binary, b, f)
     return InferRequest(x, rid, _wants_binary(req, out), finite)
 
@@ -119,7 +154,10 @@ def _tensor_data(t: dict, binary: bytes, b: int, f: int) -> tuple[np.ndarray, bo
         return np.frombuffer(binary, dtype="<f4").reshape(b, f), False
     if binary:
         raise InvalidRequest("binary data present but inputs[0] has no binary_data_size parameter")
-    data = t.get("data")
+    return _json_data(t.get("data"), b, f), True
+
+
+def _json_data(data: Any, b: int, f: int) -> np.ndarray:
     if not isinstance(data, list):
         raise InvalidRequest("inputs[0].data: expected a list of numbers")
     try:
@@ -131,12 +169,46 @@ def _tensor_data(t: dict, binary: bytes, b: int, f: int) -> tuple[np.ndarray, bo
     if arr.size != b * f:
         raise InvalidRequest(f"inputs[0].data: {arr.size} values; shape [{b}, {f}] needs {b * f}")
     a = arr if arr.dtype.char == "d" else arr.astype(np.float64)
+    if not _in_fp32_range(a):
+        raise InvalidRequest(f"inputs[0].data: a value exceeds the FP32 range (|x| <= {_FP32_MAX:.6g})")
+    return a.reshape(b, f).astype(np.float32)
+
+
+def _in_fp32_range(a: np.ndarray) -> bool:
     # The range check in one reduction: the sum of squares stays below FP32_MAX**2 only when
     # every value does (BLAS's dot, which raises no overflow warning). Only a sum that gets
     # there pays for the exact test, which clears in-range values whose squares merely add up.
-    if not np.vdot(a, a) < _FP32_MAX_SQ and np.abs(a).max() > _FP32_MAX:
-        raise InvalidRequest(f"inputs[0].data: a value exceeds the FP32 range (|x| <= {_FP32_MAX:.6g})")
-    return a.reshape(b, f).astype(np.float32), True
+    return bool(np.vdot(a, a) < _FP32_MAX_SQ or np.abs(a).max() <= _FP32_MAX)
+
+
+def stack_rows(xs: list[np.ndarray | JsonRows]) -> tuple[np.ndarray, dict[int, InvalidRequest]]:
+    """A batch's rows as one float64 array, in order, and the requests refused on the way.
+
+    Arrays are the rows as given. :class:`JsonRows` are the FP32 values sent: all-JSON batches
+    (the common case) are converted and range-checked in one go; a batch where that fails, or that
+    mixes in arrays, converts each request on its own, so a refused request (``{index: error}``,
+    left out of the array) takes no other request down with it.
+    """
+    if type(xs[0]) is JsonRows and (len(xs) == 1 or all(type(x) is JsonRows for x in xs)):
+        flat: list = xs[0].data if len(xs) == 1 else []  # np.array only reads it
+        for x in xs if len(xs) > 1 else ():
+            flat += x.data
+        try:
+            a = np.array(flat)
+        except (ValueError, TypeError):  # a nested or ragged value: the per-request path names it
+            a = None
+        if a is not None and a.dtype.char == "d" and _in_fp32_range(a):
+            return a.astype(np.float32).astype(np.float64).reshape(len(flat) // xs[0].f, xs[0].f), {}
+    rows, refused = [], {}
+    for i, x in enumerate(xs):
+        if type(x) is JsonRows:
+            try:
+                x = x.convert()
+            except InvalidRequest as e:
+                refused[i] = e
+                continue
+        rows.append(x)
+    return (np.concatenate(rows, axis=0, dtype=np.float64) if rows else np.empty((0, 0))), refused
 
 
 def _wants_binary(req: dict, out: TensorSpec) -> bool:
@@ -178,16 +250,38 @@ def encode_json(model: str, version: str, rid: str | None, y: np.ndarray, out: T
     """:func:`encode_infer`'s JSON body, byte for byte, from a cached head: everything before the
     values is the same for every response of a model with as many rows."""
     y32 = y.astype(np.float32, order="C")
-    key = (model, version, out.name, y32.shape)
+    data = orjson.dumps(y32.ravel(), option=orjson.OPT_SERIALIZE_NUMPY)
+    return _json_head(model, version, out, y32.shape) + data + _json_tail(rid)
+
+
+def json_row_values(y: np.ndarray) -> list[bytes]:
+    """The JSON text of each row's FP32 values (``b"0.5,0.25"``), for a whole batch in one
+    encoding: row ``i`` of a batch is the same text whichever request it answers."""
+    text = orjson.dumps(y.astype(np.float32, order="C"), option=orjson.OPT_SERIALIZE_NUMPY)
+    return text[2:-2].split(b"],[")  # "[[a,b],[c,d]]": numbers hold no brackets
+
+
+def encode_json_rows(model: str, version: str, rid: str | None, rows: list[bytes], off: int, n: int, out: TensorSpec) -> bytes:
+    """:func:`encode_json`'s body, byte for byte, for rows ``off:off + n`` of a batch whose
+    :func:`json_row_values` are ``rows``."""
+    data = b"[" + (rows[off] if n == 1 else b",".join(rows[off : off + n])) + b"]"
+    return _json_head(model, version, out, (n, out.width)) + data + _json_tail(rid)
+
+
+def _json_head(model: str, version: str, out: TensorSpec, shape: tuple[int, int]) -> bytes:
+    key = (model, version, out.name, shape)
     head = _JSON_HEADS.get(key)
     if head is None:
         if len(_JSON_HEADS) >= 1024:  # one entry per batch size seen; bounded all the same
             _JSON_HEADS.clear()
-        t = {"name": out.name, "datatype": "FP32", "shape": list(y32.shape), "data": None}
+        t = {"name": out.name, "datatype": "FP32", "shape": list(shape), "data": None}
         whole = orjson.dumps({"model_name": model, "model_version": version, "outputs": [t]})
         head = _JSON_HEADS[key] = whole[: whole.rindex(b"null")]
-    body = head + orjson.dumps(y32.ravel(), option=orjson.OPT_SERIALIZE_NUMPY)
-    return body + (b'}],"id":' + orjson.dumps(rid) + b"}" if rid is not None else b"}]}")
+    return head
+
+
+def _json_tail(rid: str | None) -> bytes:
+    return b'}],"id":' + orjson.dumps(rid) + b"}" if rid is not None else b"}]}"
 
 
 _JSON_HEADS: dict[tuple, bytes] = {}

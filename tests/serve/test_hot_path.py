@@ -6,6 +6,7 @@ and bad rows are still refused at the service's edge; metrics count every reques
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import orjson
@@ -19,7 +20,7 @@ from offload.serve.config import ServeConfig
 from offload.serve.errors import InvalidRequest
 from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import ServeMetrics
-from offload.serve.oip import InferRequest, TensorSpec, encode_infer, encode_json, parse_infer
+from offload.serve.oip import InferRequest, JsonRows, TensorSpec, encode_infer, encode_json, encode_json_rows, json_row_values, parse_infer, stack_rows
 
 FP32_MAX = float(np.finfo(np.float32).max)
 INP, OUT = TensorSpec("x", 4), TensorSpec("y", 1)
@@ -174,7 +175,7 @@ def test_bad_rows_are_still_refused_at_the_edge_and_metrics_count_every_request(
     assert sample('offload_responses_total{code="200"}') == 7
     assert sample('offload_responses_total{code="400"}') == 2
     assert sample('offload_request_duration_seconds_count{model="risk"}') == 9
-    assert sample('offload_queue_duration_seconds_count{model="risk"}') == 7  # refused rows never queue
+    assert sample('offload_queue_duration_seconds_count{model="risk"}') == 7  # refused rows are never counted as queued for the device
     assert sample('offload_batch_size_sum{model="risk"}') == 7 * 3
     assert sample('offload_queue_depth{model="risk"}') == 0
 
@@ -199,3 +200,132 @@ def test_json_rows_skip_the_edge_check_only_because_they_pass_it(bundle):
     head = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}}]})
     nan = np.full(16, np.nan, dtype=np.float32).tobytes()
     assert not parse_infer(head + nan, str(len(head)), model.input, model.output, 64).finite
+
+
+def _eager_or_error(body: bytes, f: int = 4):
+    """What the per-request parser makes of a body: float32 rows, or its refusal's message."""
+    try:
+        return parse_infer(body, None, TensorSpec("x", f), OUT, 64).x
+    except InvalidRequest as e:
+        return str(e)
+
+
+def _json_bodies(rng: np.random.Generator, f: int = 4) -> list[bytes]:
+    """Bodies the lazy path keeps (a flat list whose first value is a float) and bodies it does
+    not, valid and not: FP32 rounding, range edges, ints and booleans after the first value,
+    non-numbers, nested values."""
+    above = float(np.nextafter(FP32_MAX, np.inf))
+    tails = [
+        lambda: rng.normal(size=f - 1).tolist(),  # values float32 cannot hold exactly: rounded
+        lambda: [FP32_MAX, -FP32_MAX] + [0.1] * (f - 3),
+        lambda: [above] + [0.0] * (f - 2),
+        lambda: [1e39] * (f - 1),
+        lambda: [3, -(2**62)] + [0.5] * (f - 3),  # ints after a float: float64 like the rest
+        lambda: [True] + [0.25] * (f - 2),
+        lambda: [2**70] + [0.0] * (f - 2),  # NumPy makes it an object array
+        lambda: ["1.5"] + [0.0] * (f - 2),  # NumPy would parse the string as a number
+        lambda: [None] + [0.0] * (f - 2),
+        lambda: [[0.5]] + [0.0] * (f - 2),
+        lambda: [{"a": 1}] + [0.0] * (f - 2),
+    ]
+    bodies = []
+    for _ in range(120):
+        rows = int(rng.integers(1, 4))
+        data: list = []
+        for _ in range(rows):
+            first = float(rng.normal()) if rng.random() < 0.9 else int(rng.integers(-5, 5))
+            tail = tails[0]() if rng.random() < 0.6 else tails[int(rng.integers(len(tails)))]()
+            data += [first] + tail
+        if rng.random() < 0.05:
+            data = [data[i * f : (i + 1) * f] for i in range(rows)]  # nested rows: the eager path
+        bodies.append(json.dumps({"inputs": [{"name": "x", "shape": [rows, f], "datatype": "FP32", "data": data}]}).encode())  # orjson refuses 2**70
+    return bodies
+
+
+def test_json_rows_converted_with_their_batch_are_each_request_converted_alone():
+    rng = np.random.default_rng(11)
+    bodies, lazy, eager = [], [], []
+    for body in _json_bodies(rng):
+        want = _eager_or_error(body)
+        try:
+            lazy.append(parse_infer(body, None, INP, OUT, 64, lazy_json=True).x)
+        except InvalidRequest as e:  # only bodies the eager path takes, and refuses the same way
+            assert type(want) is str and str(e) == want
+            continue
+        eager.append(want)
+    assert sum(type(x) is JsonRows for x in lazy) > 80  # the lazy path is the common one here
+    assert sum(isinstance(e, str) for e in eager) > 20  # and its refusals are common too
+    for _ in range(300):
+        idx = rng.choice(len(lazy), size=int(rng.integers(1, 12)), replace=False)
+        x, refused = stack_rows([lazy[i] for i in idx])
+        want_refused = {k: eager[i] for k, i in enumerate(idx) if isinstance(eager[i], str)}
+        assert {k: str(e) for k, e in refused.items()} == want_refused
+        kept = [eager[i] for i in idx if not isinstance(eager[i], str)]
+        if kept:
+            want = np.concatenate(kept, axis=0, dtype=np.float64)
+            assert x.dtype == np.float64
+            np.testing.assert_array_equal(x, want)
+        else:
+            assert x.shape[0] == 0
+
+
+def test_json_rows_mixed_with_binary_rows_keep_their_order():
+    rng = np.random.default_rng(12)
+    a = rng.normal(size=(2, 4)).astype(np.float32)
+    j = rng.normal(size=(3, 4))
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [3, 4], "datatype": "FP32", "data": j.ravel().tolist()}]})
+    lazy = parse_infer(body, None, INP, OUT, 64, lazy_json=True).x
+    assert type(lazy) is JsonRows and len(lazy) == 3
+    x, refused = stack_rows([a, lazy, a[:1]])
+    assert not refused
+    np.testing.assert_array_equal(x, np.concatenate([a, j.astype(np.float32), a[:1]]).astype(np.float64))
+
+
+def test_json_answers_from_a_batchs_row_texts_are_the_encoders_bytes():
+    rng = np.random.default_rng(13)
+    for out in (OUT, TensorSpec("y3", 3)):
+        for _ in range(40):
+            n = int(rng.integers(1, 65))
+            y = rng.normal(size=(n, out.width)) * 10.0 ** rng.integers(-40, 39, size=(n, 1))
+            y[rng.random(size=y.shape) < 0.05] = -0.0
+            rows = json_row_values(y)
+            assert len(rows) == n
+            off = 0
+            while off < n:
+                k = int(rng.integers(1, n - off + 1))
+                for rid in (None, "r-1"):
+                    want = encode_json("risk", "1", rid, y[off : off + k], out)
+                    assert encode_json_rows("risk", "1", rid, rows, off, k, out) == want
+                off += k
+
+
+def test_a_request_refused_in_its_batch_leaves_the_others_their_answers(bundle):
+    svc = ScoringService(bundle, ServeConfig(device="sim"))
+    rng = np.random.default_rng(14)
+    xs = [rng.normal(size=(int(rng.integers(1, 4)), 16)).astype(np.float32) for _ in range(6)]
+    bodies = [orjson.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}) for x in xs]
+    bad = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5, "0.5"] + [0.0] * 14}]})
+    want_error = _eager_or_error(bad, 16)
+    assert isinstance(want_error, str) and type(parse_infer(bad, None, TensorSpec("x", 16), OUT, 64, lazy_json=True).x) is JsonRows
+
+    async def go():
+        await svc._ensure_started()
+        try:
+            return await asyncio.gather(*(_post(svc, b) for b in bodies[:3] + [bad] + bodies[3:]))
+        finally:
+            await svc.batcher.stop()
+
+    answers = asyncio.run(go())
+    assert [a[0] for a in answers] == [200] * 3 + [400] + [200] * 3
+    assert answers[3][1]["error"] == want_error
+    dev = SimDevice()
+    h = dev.load(next(iter(bundle.kernels.values())))
+    for x, (_, a) in zip(xs, answers[:3] + answers[4:]):
+        want = dev.run(h, {"x": x.astype(np.float64)})["y"].astype(np.float32)
+        assert a["outputs"][0]["shape"] == list(want.shape)
+        np.testing.assert_array_equal(np.asarray(a["outputs"][0]["data"], dtype=np.float32), want.ravel())
+    text = svc.metrics.render().decode()
+    # All seven rode one batch (the first request led it, the rest queued behind its pass); the
+    # refused request's row never reached the device.
+    assert 'offload_batch_size_count{model="risk"} 1.0' in text
+    assert f'offload_batch_size_sum{{model="risk"}} {float(sum(len(x) for x in xs))}' in text
