@@ -7,9 +7,10 @@ compiled at ``load()``, so no request pays the JIT; the seconds are in ``info().
 
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -70,18 +71,34 @@ class SimDevice:
         kind.validate(k.spec, k.tensors, inputs)
         return kind.reference(k.spec, k.tensors, inputs)
 
-    def run_validated(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """:meth:`run` for inputs that already passed the kind's input check for this kernel (the
-        mlp kind's ``validate_inputs``: the scoring service checks every request before queueing
-        it). Skips :meth:`run`'s per-call check of the inputs and of the resident tensors, which
-        were checked once, at :meth:`load`, and are read-only since. Unchecked inputs give
-        undefined outputs here: anyone else calls :meth:`run`."""
+    def bind_validated(self, handle: KernelHandle) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        """:meth:`run` of ``handle`` as one prepared call, for inputs that already passed the kind's
+        input check for this kernel (the mlp kind's ``validate_inputs``: the scoring service checks
+        every request before queueing it). Skips :meth:`run`'s per-call check of the inputs and of
+        the resident tensors, which were checked once, at :meth:`load`, and are read-only since,
+        and its per-call lookups (the kind's ``bind``, where it has one). Unchecked inputs give
+        undefined outputs here: anyone else calls :meth:`run`. A closed device refuses it as run does.
+
+        Example::
+
+            score = dev.bind_validated(h)
+            y = score({"x": checked_rows})["y"]
+        """
         self._check_open()
         k = self._get(handle)
         kind = get_kind(k.kind)
-        if kind.run_checked is not None:  # its checks are part of the one compiled pass
-            return kind.run_checked(k.spec, k.tensors, inputs)
-        return kind.reference(k.spec, k.tensors, inputs)
+        if kind.bind is not None:
+            run = kind.bind(k.spec, k.tensors)
+        elif kind.run_checked is not None:  # its checks are part of the one compiled pass
+            run = functools.partial(kind.run_checked, k.spec, k.tensors)
+        else:
+            run = functools.partial(kind.reference, k.spec, k.tensors)
+
+        def call(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            self._check_open()
+            return run(inputs)
+
+        return call
 
     def submit(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
         with self._lock:

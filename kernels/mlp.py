@@ -20,14 +20,14 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from offload.kernels.registry import KernelKind, register_kind
 from offload.sim.errors import InputError, InputKeyError, InputTypeError
 from offload.sim.fixed import FixedType, mul_type
-from offload.sim.mlp import OPS, MlpLayer, simulate
+from offload.sim.mlp import OPS, MlpLayer, bind as bind_simulate, simulate
 from offload.sim.mlp.strategy import DA, LATENCY, STRATEGIES, check_da_constant, exact_accum
 
 __all__ = ["MlpSpec", "MlpLayer", "validate", "reference", "check_tensors", "KIND", "MAX_FEATURES", "MAX_BATCH"]
@@ -328,6 +328,12 @@ def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[
     return {"y": simulate(spec.input_type, spec.layers, tensors, x)}
 
 
+def bind(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    """:func:`reference` for these (from now on constant) tensors as one prepared call."""
+    run = bind_simulate(spec.input_type, spec.layers, tensors)
+    return lambda inputs: {"y": run(np.asarray(inputs["x"], dtype=np.float64))}
+
+
 def golden_inputs(spec: MlpSpec, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
     """Golden case ``case``: rows beyond the input type's range, extremes and rounding ties."""
     t = FixedType.parse(spec.input_type)
@@ -356,4 +362,4 @@ def prepare(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dict[str,
 
 
 KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,
-                                tensor_shapes=MlpSpec.tensor_shapes, prepare=prepare))
+                                tensor_shapes=MlpSpec.tensor_shapes, prepare=prepare, bind=bind))

@@ -85,10 +85,11 @@ def test_the_sim_devices_validated_run_is_its_checked_run(bundle):
     dev = SimDevice()
     h = dev.load(next(iter(bundle.kernels.values())))
     x = np.random.default_rng(2).normal(scale=4.0, size=(37, 16)).astype(np.float32).astype(np.float64)
-    np.testing.assert_array_equal(dev.run_validated(h, {"x": x})["y"], dev.run(h, {"x": x})["y"])
+    bound = dev.bind_validated(h)
+    np.testing.assert_array_equal(bound({"x": x})["y"], dev.run(h, {"x": x})["y"])
     dev.close()
     with pytest.raises(DeviceError, match="closed"):
-        dev.run_validated(h, {"x": x})
+        bound({"x": x})
 
 
 class _NanSim(SimDevice):

@@ -305,3 +305,28 @@ def test_fused_matches_hls4ml_directly(seed, tmp_path):
     assert np.array_equal(y, want), f"{int((y != want).sum())} mismatches"
     for i in range(0, 5000, 499):
         assert np.array_equal(prog.run(x[i : i + 1]), want[i : i + 1])
+
+
+def test_bind_is_simulate_bit_for_bit(monkeypatch):
+    # bind() looks the program up once; every call must still be simulate()'s answer, on the
+    # program's rows, on rows past the float quantization (the general path), on a width the
+    # program was not built for, and with the shortcuts switched off after binding.
+    for seed in range(12):
+        spec, _ = random_spec(seed, narrow=seed % 2 == 0)
+        tensors = spec.tensors()
+        rng = np.random.default_rng(100 + seed)
+        run = simmlp.bind(spec.input_type, spec.layers, tensors)
+        x = adversarial_inputs(rng, 200, spec.n_features, spec.input_type)  # keeps the +-1e300 rows
+        for rows in (x[:1], x[:64], x):
+            np.testing.assert_array_equal(run(rows), simmlp.simulate(spec.input_type, spec.layers, tensors, rows))
+        want = _general(spec.input_type, spec.layers, tensors, x, monkeypatch)
+        with monkeypatch.context() as m:
+            m.setattr(simmlp.datapath, "_FAST_DENSE", False)
+            np.testing.assert_array_equal(run(x), want)
+    spec, _ = random_spec(0, narrow=False)
+    run = simmlp.bind(spec.input_type, spec.layers, spec.tensors())
+    wide = np.zeros((2, spec.n_features + 1))  # never handed to the program: simulate() refuses it
+    with pytest.raises(ValueError, match="broadcast"):
+        simmlp.simulate(spec.input_type, spec.layers, spec.tensors(), wide)
+    with pytest.raises(ValueError, match="broadcast"):
+        run(wide)
