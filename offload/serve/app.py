@@ -28,7 +28,7 @@ from offload.serve.errors import BodyTooLarge, InvalidRequest, ServeError, Unkno
 from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from offload.serve.model import ServedModel, served_model
-from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, encode_infer, encode_json, encode_json_rows, json_row_values, parse_infer, stack_rows
+from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, encode_infer, encode_json_rows, json_row_values, parse_infer, stack_rows
 from offload.sim.errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["create_app", "ScoringService"]
@@ -87,6 +87,8 @@ class ScoringService:
         self._request_hist = self.metrics.request_duration.labels(model=self.model.name)
         self._ok_counter = self.metrics.requests.labels(model=self.model.name, code="200")
         self._responses: dict[int, Any] = {}
+        # The hot path's two counters of a 200, added to directly (LoopCounter children: plain numbers).
+        self._ok_response = self._responses[200] = self.metrics.responses.labels(code="200")
         self.metrics.fallbacks.labels(model=self.model.name)  # exported as 0 from the start, not absent
         self._started = False
         self.draining = False  # set first thing on SIGTERM: readiness goes off before anything closes
@@ -255,14 +257,13 @@ class ScoringService:
         except ServeError as e:
             return self._finish(e, t0)
         self._request_hist.observe(time.perf_counter() - t0)
-        self._ok_counter.inc()
+        self._ok_counter.value += 1
         return 200, out, headers
 
     def _encode_json(self, rid: str | None, shared: BatchOut, off: int, n: int) -> bytes:
         model = self.model
-        if n == shared.y.shape[0]:  # the batch is this request's alone
-            return encode_json(model.name, model.version, rid, shared.y, model.output)
-        # The batch's values are encoded once, by whichever of its requests comes first.
+        # The batch's values are encoded once, by whichever of its requests comes first; a batch
+        # of one request takes the same path (one encoder on the hot path, not two).
         rows = shared.derived
         if rows is None:
             rows = shared.derived = json_row_values(shared.y)
@@ -279,39 +280,37 @@ class ScoringService:
         """The hot path as plain ASGI: POST /v2/models/<this model>/infer without Starlette's
         routing, middleware and Request objects (about half the per-request cost of the app)."""
         t0 = time.perf_counter()
+        # One C call instead of a Python loop over the headers; a repeated header keeps its last
+        # value, as the loop did.
+        headers = dict(scope["headers"])
+        content_length = headers.get(b"content-length")
+        header_length = headers.get(b"inference-header-content-length")
         limit = self.config.max_body_bytes
-        header_length = None
-        content_length = None
-        for k, v in scope["headers"]:
-            if k == b"inference-header-content-length":
-                header_length = v.decode("latin-1")
-            elif k == b"content-length":
-                content_length = v
         try:
             if content_length is not None and content_length.isdigit() and int(content_length) > limit:
                 raise BodyTooLarge(f"request body of {int(content_length)} bytes exceeds the limit of {limit} bytes")
-            chunks, n, more = [], 0, True
-            while more:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    return
-                chunk = msg.get("body", b"")
-                n += len(chunk)
-                if n > limit:
+            msg = await receive()
+            if msg["type"] == "http.request" and not msg.get("more_body", False):  # the whole body at once
+                body = msg.get("body", b"")
+                if len(body) > limit:
                     raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-                chunks.append(chunk)
-                more = msg.get("more_body", False)
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            else:
+                body = await self._rest_of_body(msg, receive, limit)
+                if body is None:
+                    return
         except BodyTooLarge as e:
             status, out, headers = self._finish(e, t0)
         else:
             try:
-                status, out, headers = await self._score(body, header_length, t0)
+                status, out, headers = await self._score(body, None if header_length is None else header_length.decode("latin-1"), t0)
             except Exception:  # never a stack trace to the client; the log has it
                 _log.exception("unhandled error in infer")
                 self.metrics.errors.labels(type="internal").inc()
                 status, out, headers = 500, orjson.dumps({"error": "internal error"}), JSON_HEADERS
-        self.count_response(status)
+        if status == 200:
+            self._ok_response.value += 1
+        else:
+            self.count_response(status)
         if headers is JSON_HEADERS:
             raw = [(b"content-length", str(len(out)).encode()), _RAW_JSON]
         else:
@@ -319,6 +318,22 @@ class ScoringService:
             raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": out})
+
+    @staticmethod
+    async def _rest_of_body(msg, receive, limit: int) -> bytes | None:
+        """The body of a request that came in several messages (None: the client went away)."""
+        chunks, n = [], 0
+        while True:
+            if msg["type"] == "http.disconnect":
+                return None
+            chunk = msg.get("body", b"")
+            n += len(chunk)
+            if n > limit:
+                raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return b"".join(chunks)
+            msg = await receive()
 
 
 class _InferFastPath:

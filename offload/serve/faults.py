@@ -125,6 +125,9 @@ class FailoverRunner:
         self._primary, self._handle = self._open(device)
         self._fast = self._bound(self._primary, self._handle)
         self._lane = None if self._inline else _Lane(f"offload-device-{device}")
+        # (device, handle, prepared call) while the primary is up, else None: one attribute, so
+        # run_inline reads a consistent triple without taking the lock (every writer holds it).
+        self._live: tuple | None = (self._primary, self._handle, self._fast)
         # The fall-back device is opened up front: a fault must never wait for a cold start.
         self._sim: Device = opener("sim") if fallback == "sim" else None  # type: ignore[assignment]
         self._sim_handle = self._sim.load(kernel) if self._sim is not None else None
@@ -157,10 +160,10 @@ class FailoverRunner:
     def run_inline(self, x: np.ndarray) -> tuple[np.ndarray, str]:
         """:meth:`run` for an :attr:`inline` runner, as a plain call: the batcher's lone request
         runs its batch in its own task with it, with no hand-off to another task."""
-        with self._lock:
-            dev, handle, fast = (self._primary, self._handle, self._fast) if self.state == "up" else (None, None, None)
+        live = self._live
         err: DeviceError | None = None
-        if dev is not None:
+        if live is not None:
+            dev, handle, fast = live
             t0 = time.perf_counter()
             try:
                 if fast is not None:
@@ -243,6 +246,7 @@ class FailoverRunner:
             _log.warning("device %s failed (%s: %s); %s and reopening", self.device_spec, kind, err, "falling back to sim" if self._sim else "answering 503")
             self.state = "failed"
             lane, self._primary, self._handle, self._lane, self._fast = self._lane, None, None, None, None
+            self._live = None
             self.metrics.set_device_state(self.device_spec, "failed")
             self._reopener = threading.Thread(target=self._reopen, args=(dev, lane), name="offload-reopen", daemon=True)
             self._reopener.start()
@@ -274,6 +278,7 @@ class FailoverRunner:
                     return
                 self._primary, self._handle, self._lane, self.state = dev, handle, lane, "up"
                 self._fast = self._bound(dev, handle)
+                self._live = (dev, handle, self._fast)
             self.metrics.set_device_state(self.device_spec, "up")
             _log.warning("device %s is back", self.device_spec)
             return
@@ -322,6 +327,7 @@ class FailoverRunner:
         with self._lock:
             devs = [d for d in (self._primary, self._sim) if d is not None]
             lane, self._primary, self._lane, self._fast = self._lane, None, None, None
+            self._live = None
             self.state = "closed"
         if lane is not None:
             lane.retire()

@@ -8,6 +8,7 @@ is accepted both ways, since ``tritonclient.http`` uses it by default. Every mal
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
@@ -28,6 +29,7 @@ HEADER_LENGTH = "inference-header-content-length"
 JSON_HEADERS: Mapping[str, str] = MappingProxyType({"content-type": "application/json"})
 _FP32_MAX = float(np.finfo(np.float32).max)
 _FP32_MAX_SQ = _FP32_MAX * _FP32_MAX
+_SAFE_SQ = float(2**126)  # (2**63)**2: see stack_rows
 
 
 # The base of every refused request; ``status`` comes from the service's one table (errors.py).
@@ -104,6 +106,10 @@ def parse_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: Te
         req = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise InvalidRequest(f"malformed JSON: {e}") from None
+    if lazy_json and not binary:
+        common = _common_json(req, inp, max_batch)
+        if common is not None:
+            return common
     req = _obj(req, "request body")
     rid = req.get("id")
     if rid is not None and not isinstance(rid, str):
@@ -126,6 +132,32 @@ def parse_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: Te
             return InferRequest(JsonRows(data, b, f), rid, _wants_binary(req, out), True)
     x, finite = _tensor_data(t, binary, b, f)
     return InferRequest(x, rid, _wants_binary(req, out), finite)
+
+
+def _common_json(req: Any, inp: TensorSpec, max_batch: int) -> InferRequest | None:
+    """The body nearly every JSON request is, ``{"inputs": [{"name", "datatype", "shape", "data"}]}``
+    (an ``"id"`` string beside ``"inputs"`` allowed), recognised with a few type checks; None for
+    anything else, which the general parser below then answers, refusals included. What it
+    accepts, the general parser accepts with the same result: key counts stand for "no other key"
+    (no ``parameters`` or ``outputs``, so a JSON answer), and every type is checked exactly, so
+    ``16.0`` or ``True`` in a shape falls through to the error the general path gives. About a
+    fifth of the general path's bytecode, once per request (the serving hot path)."""
+    if type(req) is not dict:
+        return None
+    inputs = req.get("inputs")
+    rid = req.get("id")
+    if len(req) != (1 if rid is None else 2) or (rid is not None and type(rid) is not str) or type(inputs) is not list or len(inputs) != 1:
+        return None
+    t = inputs[0]
+    if type(t) is not dict or len(t) != 4 or t.get("name") != inp.name or t.get("datatype") != inp.datatype:
+        return None
+    shape, data = t.get("shape"), t.get("data")
+    if type(shape) is not list or len(shape) != 2 or type(data) is not list:
+        return None
+    b, f = shape
+    if type(b) is not int or type(f) is not int or f != inp.width or not 1 <= b <= max_batch or len(data) != b * f or type(data[0]) is not float:
+        return None
+    return InferRequest(JsonRows(data, b, f), rid, False, True)
 
 
 def check_shape(shape: Any, inp: TensorSpec, max_batch: int) -> tuple[int, int]:
@@ -190,15 +222,28 @@ def stack_rows(xs: list[np.ndarray | JsonRows]) -> tuple[np.ndarray, dict[int, I
     left out of the array) takes no other request down with it.
     """
     if type(xs[0]) is JsonRows and (len(xs) == 1 or all(type(x) is JsonRows for x in xs)):
-        flat: list = xs[0].data if len(xs) == 1 else []  # np.array only reads it
+        flat: list = xs[0].data if len(xs) == 1 else []  # only read
         for x in xs if len(xs) > 1 else ():
             flat += x.data
+        rows = len(flat) // xs[0].f
+        # struct reads Python floats (and ints, bools) as doubles in one C loop, ~80 machine
+        # instructions a value against ~330 for np.array's type discovery (callgrind); anything
+        # else raises. It takes ints that NumPy would keep as objects (|v| >= 2**63, refused
+        # below), but those square to >= 2**126: one reduction under that bound proves every
+        # value came through as np.array would have read it, and is inside the FP32 range
+        # (2**63 < FP32_MAX). Anything larger takes NumPy's way.
+        try:
+            a = np.frombuffer(_doubles(len(flat)).pack(*flat))
+        except struct.error:  # a string, null, nested list or huge int: see below
+            a = None
+        if a is not None and np.vdot(a, a) < _SAFE_SQ:
+            return a.astype(np.float32).astype(np.float64).reshape(rows, xs[0].f), {}
         try:
             a = np.array(flat)
         except (ValueError, TypeError):  # a nested or ragged value: the per-request path names it
             a = None
         if a is not None and a.dtype.char == "d" and _in_fp32_range(a):
-            return a.astype(np.float32).astype(np.float64).reshape(len(flat) // xs[0].f, xs[0].f), {}
+            return a.astype(np.float32).astype(np.float64).reshape(rows, xs[0].f), {}
     rows, refused = [], {}
     for i, x in enumerate(xs):
         if type(x) is JsonRows:
@@ -209,6 +254,19 @@ def stack_rows(xs: list[np.ndarray | JsonRows]) -> tuple[np.ndarray, dict[int, I
                 continue
         rows.append(x)
     return (np.concatenate(rows, axis=0, dtype=np.float64) if rows else np.empty((0, 0))), refused
+
+
+def _doubles(n: int) -> struct.Struct:
+    """The packer of ``n`` native doubles, made once per batch length."""
+    s = _STRUCTS.get(n)
+    if s is None:
+        if len(_STRUCTS) >= 1024:  # one per batch length seen; bounded all the same
+            _STRUCTS.clear()
+        s = _STRUCTS[n] = struct.Struct(f"={n}d")
+    return s
+
+
+_STRUCTS: dict[int, struct.Struct] = {}
 
 
 def _wants_binary(req: dict, out: TensorSpec) -> bool:

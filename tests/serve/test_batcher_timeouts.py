@@ -151,3 +151,87 @@ def test_the_queue_depth_is_read_when_scraped():
         return held, drained
 
     assert asyncio.run(go()) == (3.0, 0.0)
+
+
+def test_usual_timeouts_ride_the_fifo_and_a_shorter_one_on_the_heap_fires_first():
+    async def go():
+        dev = Held()
+        b = DynamicBatcher(dev, max_batch_size=64, max_queue_delay_s=0.0, max_queue_size=100)
+        await b.start()
+        busy = asyncio.ensure_future(b.infer(_row(0), 2.0))  # the first timeout seen: the usual one
+        await dev.started.wait()
+        usual = [asyncio.ensure_future(b.infer(_row(i), 2.0)) for i in (1, 2)]
+        hasty = asyncio.ensure_future(b.infer(_row(3), 0.02))
+        order: list[str] = []
+        for f, name in ((busy, "busy"), (usual[0], "u1"), (usual[1], "u2"), (hasty, "hasty")):
+            f.add_done_callback(lambda _, n=name: order.append(n))
+        with pytest.raises(RequestTimeout, match="20 ms"):
+            await asyncio.wait_for(hasty, GUARD)
+        depth_after_hasty = b.depth
+        fifo, heap = len(b._fifo), len(b._deadlines)
+        for f in [busy, *usual]:  # each at its own deadline, from the FIFO
+            with pytest.raises(RequestTimeout, match="2000 ms"):
+                await asyncio.wait_for(f, GUARD)
+        depth = b.depth
+        dev.gate.set()
+        await b.stop()
+        return order, depth_after_hasty, depth, fifo, heap, dev
+
+    order, depth_after_hasty, depth, fifo, heap, dev = asyncio.run(go())
+    assert order == ["hasty", "busy", "u1", "u2"]
+    assert (depth_after_hasty, depth) == (2, 0)
+    assert fifo == 3 and heap <= 1  # busy and both usual ones on the FIFO; hasty's heap entry
+    assert [r[0] for r in np.concatenate(dev.batches)[:, :1]] == [0.0]  # the timed-out ones never ran
+
+
+def test_a_leader_that_skips_its_pass_runs_its_rows_alone_without_a_future(monkeypatch):
+    from offload.serve.batcher import _LONELY_PASSES
+    from offload.serve.errors import InvalidRequest
+
+    m = ServeMetrics()
+    ran: list[int] = []
+
+    def run_inline(x):
+        ran.append(x.shape[0])
+        if x[0, 0] < 0:
+            raise RuntimeError("device fault")
+        return x[:, :1] + 1.0, "inline"
+
+    async def run_batch(x):
+        return run_inline(x)
+
+    def stack(xs):  # refuses rows starting with 99 (as stack_rows refuses bad JSON rows)
+        if xs[0][0][0] == 99:
+            return np.empty((0, 2)), {0: InvalidRequest("bad row")}
+        return np.concatenate(xs, axis=0, dtype=np.float64), {}
+
+    async def go():
+        b = DynamicBatcher(run_batch, max_batch_size=8, max_queue_delay_s=100e-6, max_queue_size=10, run_inline=run_inline, stack=stack, metrics=m, model="m")
+        await b.start()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        for i in range(_LONELY_PASSES):  # every pass comes back empty: leaders start to skip
+            await b.infer(_row(i), GUARD)
+        loop = asyncio.get_running_loop()
+        made = []
+        real = loop.create_future
+        loop.create_future = lambda: made.append(1) or real()
+        try:
+            y = await b.infer(np.full((2, 2), 5.0), GUARD)
+            with pytest.raises(InvalidRequest, match="bad row"):
+                await b.infer(_row(99), GUARD)
+            with pytest.raises(RuntimeError, match="device fault"):
+                await b.infer(_row(-1), GUARD)
+            with pytest.raises(RequestTimeout):
+                await b.infer(_row(1), 0.0)
+        finally:
+            del loop.create_future
+        await b.stop()
+        return y, made, b.depth
+
+    y, made, depth = asyncio.run(go())
+    assert y.tolist() == [[6.0], [6.0]] and made == [] and depth == 0
+    assert ran == [1] * _LONELY_PASSES + [2, 1]  # the refused and the timed-out rows never ran
+    rows = m.registry.get_sample_value("offload_batch_size_sum", {"model": "m"})
+    waits = m.registry.get_sample_value("offload_queue_duration_seconds_count", {"model": "m"})
+    assert rows == _LONELY_PASSES + 3 and waits == _LONELY_PASSES + 2

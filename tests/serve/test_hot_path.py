@@ -224,6 +224,13 @@ def _json_bodies(rng: np.random.Generator, f: int = 4) -> list[bytes]:
         lambda: [3, -(2**62)] + [0.5] * (f - 3),  # ints after a float: float64 like the rest
         lambda: [True] + [0.25] * (f - 2),
         lambda: [2**70] + [0.0] * (f - 2),  # NumPy makes it an object array
+        # Around 2**63, where the batch's array.array reading must hand over to NumPy's: ints
+        # orjson keeps as ints (up to 2**64 - 1), floats past 2**63 yet inside FP32.
+        lambda: [2**63, -(2**63)] + [0.5] * (f - 3),
+        lambda: [2**64 - 1] + [0.0] * (f - 2),
+        lambda: [2**63 - 1, -(2**63) + 1] + [0.5] * (f - 3),
+        lambda: [9.3e18, -9.3e18] + [0.5] * (f - 3),
+        lambda: [1e30] + [0.0] * (f - 2),
         lambda: ["1.5"] + [0.0] * (f - 2),  # NumPy would parse the string as a number
         lambda: [None] + [0.0] * (f - 2),
         lambda: [[0.5]] + [0.0] * (f - 2),
@@ -330,3 +337,80 @@ def test_a_request_refused_in_its_batch_leaves_the_others_their_answers(bundle):
     # refused request's row never reached the device.
     assert 'offload_batch_size_count{model="risk"} 1.0' in text
     assert f'offload_batch_size_sum{{model="risk"}} {float(sum(len(x) for x in xs))}' in text
+
+
+def _common_bodies(rng: np.random.Generator) -> list[bytes]:
+    """The body every client sends, and near misses of it: an id (string or not), extra keys at
+    either level, each field of the wrong type or value, shapes of floats or booleans, batches at
+    and past their bounds, data of the wrong length or starting with an int."""
+    def tensor(**kw):
+        t = {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": rng.normal(size=8).tolist()}
+        t.update(kw)
+        return t
+
+    drop = object()
+    variants = [
+        {"inputs": [tensor()]},
+        {"id": "r-1", "inputs": [tensor()]},
+        {"inputs": [tensor()], "id": None},
+        {"inputs": [tensor()], "id": 7},
+        {"inputs": [tensor()], "parameters": {"binary_data_output": True}},
+        {"inputs": [tensor()], "outputs": [{"name": "y"}]},
+        {"inputs": [tensor()], "outputs": [{"name": "z"}]},
+        {"inputs": [tensor()], "other": 1},
+        {"inputs": [tensor(), tensor()]},
+        {"inputs": []},
+        {"inputs": tensor()},
+        {"inputs": [tensor(parameters={})]},
+        {"inputs": [tensor(name="w")]},
+        {"inputs": [tensor(datatype="FP64")]},
+        {"inputs": [tensor(shape=[2.0, 4])]},
+        {"inputs": [tensor(shape=[2, 4.0])]},
+        {"inputs": [tensor(shape=[True, 4])]},
+        {"inputs": [tensor(shape=[2, 4, 1])]},
+        {"inputs": [tensor(shape=(2, 5), data=rng.normal(size=10).tolist())]},
+        {"inputs": [tensor(shape=[0, 4], data=[])]},
+        {"inputs": [tensor(shape=[64, 4], data=rng.normal(size=256).tolist())]},
+        {"inputs": [tensor(shape=[65, 4], data=rng.normal(size=260).tolist())]},
+        {"inputs": [tensor(data=rng.normal(size=7).tolist())]},
+        {"inputs": [tensor(data=[1] + rng.normal(size=7).tolist())]},
+        {"inputs": [tensor(data="0.5")]},
+        {"inputs": [tensor(data=drop)]},
+        {"inputs": [tensor(shape=drop)]},
+        {"inputs": [tensor(data=[[0.5] * 4, [0.5] * 4])]},
+        [tensor()],
+        "x",
+    ]
+    bodies = []
+    for v in variants:
+        if isinstance(v, dict):
+            for t in v.get("inputs") if isinstance(v.get("inputs"), list) else ():
+                for k in [k for k, x in t.items() if x is drop]:
+                    del t[k]
+        bodies.append(orjson.dumps(v))
+    return bodies
+
+
+def _parsed_or_error(body: bytes):
+    try:
+        r = parse_infer(body, None, INP, OUT, 64, lazy_json=True)
+    except InvalidRequest as e:
+        return "error", str(e)
+    x = r.x
+    rows = ("lazy", x.data, x.n, x.f) if type(x) is JsonRows else ("array", x.dtype.str, x.tolist())
+    return rows, r.id, r.binary_output, r.finite
+
+
+def test_the_common_body_shortcut_answers_every_body_as_the_general_parser_does(monkeypatch):
+    import offload.serve.oip as oip
+
+    bodies = _common_bodies(np.random.default_rng(15))
+    taken = [oip._common_json(orjson.loads(b), INP, 64) is not None for b in bodies]
+    fast = [_parsed_or_error(b) for b in bodies]
+    monkeypatch.setattr(oip, "_common_json", lambda req, inp, max_batch: None)
+    slow = [_parsed_or_error(b) for b in bodies]
+    assert fast == slow
+    # The shortcut takes the common bodies (plain, with an id string, the largest batch) and
+    # nothing the general parser answers differently from them.
+    assert taken[:2] == [True, True] and taken[20] and sum(taken) == 3
+    assert sum(f[0] == "error" for f in fast) > 15
