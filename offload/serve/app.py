@@ -283,18 +283,19 @@ class ScoringService:
         # One C call instead of a Python loop over the headers; a repeated header keeps its last
         # value, as the loop did.
         headers = dict(scope["headers"])
-        content_length = headers.get(b"content-length")
         header_length = headers.get(b"inference-header-content-length")
         limit = self.config.max_body_bytes
         try:
-            if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-                raise BodyTooLarge(f"request body of {int(content_length)} bytes exceeds the limit of {limit} bytes")
             msg = await receive()
             if msg["type"] == "http.request" and not msg.get("more_body", False):  # the whole body at once
                 body = msg.get("body", b"")
-                if len(body) > limit:
-                    raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+                if len(body) > limit:  # its length is the Content-Length
+                    raise BodyTooLarge(f"request body of {len(body)} bytes exceeds the limit of {limit} bytes")
             else:
+                # A declared length past the limit is refused before the rest is read.
+                content_length = headers.get(b"content-length")
+                if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+                    raise BodyTooLarge(f"request body of {int(content_length)} bytes exceeds the limit of {limit} bytes")
                 body = await self._rest_of_body(msg, receive, limit)
                 if body is None:
                     return

@@ -29,9 +29,11 @@ batch as before, without the two hand-offs per batch (wake the batcher's task, w
 that at one connection cost more than the device call (py-spy). Leftovers beyond the batch size
 go to the batcher's task.
 
-A leader alone for long skips its pass. The pass is a whole turn of the event loop, a poll system
-call included; at one connection it never brings company, and it was the service's one system
-call per request beyond the floor's (strace, closed loop at 1 connection: 2 epoll_pwait, 2 write,
+A leader alone for long skips its pass, and then its batch is its own rows: they go to the
+device at once, with no queue entry, future or hand-off at all (``DynamicBatcher._run_alone``).
+The pass is a whole turn of the event loop, a poll system call included; at one connection it
+never brings company, and it was the service's one system call per request beyond the floor's
+(strace, closed loop at 1 connection: 2 epoll_pwait, 2 write,
 1 read and 1 getpid per request, against the floor's 1, 2, 1 and 0; now 1.1, 2, 1, 0). In 6
 interleaved runs each way the median server CPU per request went from 120 to 100 us. After
 ``_LONELY_PASSES`` passes in a row that brought nobody, leaders run their batch at once, except
@@ -45,11 +47,12 @@ rows are converted here, in one go: :func:`offload.serve.oip.stack_rows`); a req
 gets its error, and the others their batch. Each request gets back its place in the batch's
 shared output (:class:`BatchOut`), where encoders keep what they derive once per batch.
 
-One timer for every request's timeout. Each request's deadline goes on a heap; the batcher keeps a
-single timer armed at the earliest one, and answers requests done meanwhile are dropped from the
-heap's top as new ones come. A ``call_later`` and its cancel per request cost uvloop ~2 us (a
-libuv timer started, stopped and closed each time), more than the rest of the batcher's work for
-that request. A leader needs no entry at all: it can only run out of time during its one pass, so
+One timer for every request's timeout. Each request's deadline goes on a FIFO when it has the
+usual timeout (the first one seen; the service gives every request the same, so arrival order is
+deadline order) and on a heap otherwise; the batcher keeps a single timer armed at the earliest
+of the two heads, and requests done meanwhile are dropped from the heads as new ones come. A
+``call_later`` and its cancel per request cost uvloop ~2 us (a libuv timer started, stopped and
+closed each time), more than the rest of the batcher's work for that request. A leader needs no entry at all: it can only run out of time during its one pass, so
 it checks its deadline when the pass is over.
 """
 
@@ -218,7 +221,7 @@ class DynamicBatcher:
         if len(self._queue) >= self.max_queue_size:
             raise QueueFull(f"queue is full ({self.max_queue_size} requests waiting)")
         lead = self._lead_ok and self._idle and not self._leading and not self._queue
-        if lead and self._lonely >= _LONELY_PASSES and self._skipped < _PROBE_EVERY:
+        if lead and self._lonely >= _LONELY_PASSES and self._skipped < _PROBE_EVERY and len(x) <= self.max_batch_size:
             self._skipped += 1
             return self._run_alone(x, timeout)
         loop = self._event_loop

@@ -250,21 +250,26 @@ def _json_bodies(rng: np.random.Generator, f: int = 4) -> list[bytes]:
     return bodies
 
 
-def test_json_rows_converted_with_their_batch_are_each_request_converted_alone():
+@pytest.mark.parametrize("f", [4, 100], ids=["small batches", "batches past stack_rows' _SMALL"])
+def test_json_rows_converted_with_their_batch_are_each_request_converted_alone(f):
+    import offload.serve.oip as oip
+
     rng = np.random.default_rng(11)
     bodies, lazy, eager = [], [], []
-    for body in _json_bodies(rng):
-        want = _eager_or_error(body)
+    for body in _json_bodies(rng, f):
+        want = _eager_or_error(body, f)
         try:
-            lazy.append(parse_infer(body, None, INP, OUT, 64, lazy_json=True).x)
+            lazy.append(parse_infer(body, None, TensorSpec("x", f), OUT, 64, lazy_json=True).x)
         except InvalidRequest as e:  # only bodies the eager path takes, and refuses the same way
             assert type(want) is str and str(e) == want
             continue
         eager.append(want)
     assert sum(type(x) is JsonRows for x in lazy) > 80  # the lazy path is the common one here
     assert sum(isinstance(e, str) for e in eager) > 20  # and its refusals are common too
+    sizes = []
     for _ in range(300):
         idx = rng.choice(len(lazy), size=int(rng.integers(1, 12)), replace=False)
+        sizes.append(sum(len(lazy[i]) for i in idx) * f)
         x, refused = stack_rows([lazy[i] for i in idx])
         want_refused = {k: eager[i] for k, i in enumerate(idx) if isinstance(eager[i], str)}
         assert {k: str(e) for k, e in refused.items()} == want_refused
@@ -275,6 +280,8 @@ def test_json_rows_converted_with_their_batch_are_each_request_converted_alone()
             np.testing.assert_array_equal(x, want)
         else:
             assert x.shape[0] == 0
+    # Both of stack_rows' ways were taken: batches up to _SMALL values, and (wide rows) past it.
+    assert min(sizes) <= oip._SMALL and (max(sizes) > oip._SMALL) == (f == 100)
 
 
 def test_json_rows_mixed_with_binary_rows_keep_their_order():
@@ -396,21 +403,50 @@ def _parsed_or_error(body: bytes):
         r = parse_infer(body, None, INP, OUT, 64, lazy_json=True)
     except InvalidRequest as e:
         return "error", str(e)
-    x = r.x
-    rows = ("lazy", x.data, x.n, x.f) if type(x) is JsonRows else ("array", x.dtype.str, x.tolist())
-    return rows, r.id, r.binary_output, r.finite
+    try:
+        x = r.x.convert() if type(r.x) is JsonRows else r.x  # the rows the batch will hold
+    except InvalidRequest as e:
+        return "refused in its batch", str(e)
+    return (x.dtype.str, x.shape, x.tobytes()), r.id, r.binary_output, r.finite
 
 
 def test_the_common_body_shortcut_answers_every_body_as_the_general_parser_does(monkeypatch):
     import offload.serve.oip as oip
 
     bodies = _common_bodies(np.random.default_rng(15))
-    taken = [oip._common_json(orjson.loads(b), INP, 64) is not None for b in bodies]
+    taken = [oip._common_json(b, INP, 64) is not None for b in bodies]
     fast = [_parsed_or_error(b) for b in bodies]
-    monkeypatch.setattr(oip, "_common_json", lambda req, inp, max_batch: None)
+    monkeypatch.setattr(oip, "_common_json", lambda body, inp, max_batch: None)
     slow = [_parsed_or_error(b) for b in bodies]
     assert fast == slow
-    # The shortcut takes the common bodies (plain, with an id string, the largest batch) and
-    # nothing the general parser answers differently from them.
-    assert taken[:2] == [True, True] and taken[20] and sum(taken) == 3
+    # The shortcut takes the common bodies (plain, with an id string or null, the largest batch,
+    # ints in the data) and nothing else.
+    assert [i for i, t in enumerate(taken) if t] == [0, 1, 2, 20, 23]
     assert sum(f[0] == "error" for f in fast) > 15
+
+
+def test_the_shortcut_reads_every_number_text_to_the_doubles_the_general_parser_reads(monkeypatch):
+    import struct
+
+    import offload.serve.oip as oip
+
+    rng = np.random.default_rng(16)
+    texts = []
+    for i in range(400):  # random bit patterns, each finite double written three ways, and ints
+        if i % 2:  # any double (most beyond FP32: refused either way)
+            x = struct.unpack("<d", rng.integers(0, 2**64, dtype=np.uint64).tobytes())[0]
+        else:  # inside FP32's range, from its subnormals up
+            x = float(rng.normal() * 10.0 ** rng.integers(-46, 38))
+        if not np.isfinite(x):
+            continue
+        texts.append([repr(x), f"{x:.17g}", f"{x:.12e}", str(int(rng.integers(-(2**63), 2**63 - 1)))][i % 4])
+    texts += ["-0", "0", "-0.0", "1e-400", "2.4703282292062327e-324", "9007199254740993", "18446744073709551615", "18446744073709551616", "1E5"]
+    bodies = []
+    for k in range(0, len(texts), 4):
+        vals = (texts[k : k + 4] + ["0.5"] * 4)[:4]
+        bodies.append(('{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[' + ",".join(["0.25", *vals[1:]]) + "]}]}").encode())
+        bodies.append(('{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[' + ",".join(vals) + "]}]}").encode())
+    fast = [_parsed_or_error(b) for b in bodies]
+    assert sum(oip._common_json(b, INP, 64) is not None for b in bodies) > 150
+    monkeypatch.setattr(oip, "_common_json", lambda body, inp, max_batch: None)
+    assert fast == [_parsed_or_error(b) for b in bodies]
