@@ -1,0 +1,121 @@
+"""Machine instructions per request of the scoring service's ASGI app, counted by callgrind.
+
+On 2 shared cores, wall and CPU times of one server move by 10-30% from run to run; instruction
+counts do not (the same interpreter, inputs and hash seed give the same count to within a few
+hundred per request). This drives the app in-process as ``bench_serve_inproc.py`` does (batch-1
+JSON requests, ``--conc`` at a time, each in its own task as uvicorn runs them), once for the
+service on the sim device and once for the constant-answer floor app of ``_serve_baselines.py``,
+each under ``valgrind --tool=callgrind`` with collection on only inside the measured rounds
+(``--toggle-collect`` on a function only the measured phase calls). The floor's count is what the
+harness itself and a minimal app cost; the difference is the service's own work per request.
+Counts are not cycles: cache misses, which dominate a real server at one connection, are not in
+them. Use them to compare two versions of the code, and ``bench_serve.py`` for what a server does.
+
+    .venv/bin/python bench/bench_serve_instr.py [--conc 1,64] [--rounds 400,10]
+
+Needs valgrind (Debian: ``apt-get install valgrind``); about a minute per count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_TOGGLE = "dropwhile_next"  # itertools.dropwhile's step: called by the measured phase alone
+
+
+def _child(kind: str, bundle: str, conc: int, rounds: int) -> None:
+    import orjson
+    import uvloop
+
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.1 * i + 0.123 for i in range(16)]}]})
+    svc = None
+    if kind == "service":
+        import offload
+        from offload.serve.app import ScoringService
+        from offload.serve.config import ServeConfig
+
+        svc = ScoringService(offload.load(bundle), ServeConfig(device="sim"))
+        app = svc.app
+        svc._started = True  # the batcher is started on each round's loop below
+    else:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from _serve_baselines import floor_app
+
+        app = floor_app()
+    # The headers uvicorn hands the app for bench_serve.py's load tool.
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/risk/infer",
+             "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    statuses: list[int] = []
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(msg):
+        if msg["type"] == "http.response.start":
+            statuses.append(msg["status"])
+
+    async def go(n: int) -> bool:
+        if svc is not None:
+            svc.batcher._stopping = False
+            await svc.batcher.start()
+        loop = asyncio.get_running_loop()
+        for _ in range(n):
+            await asyncio.gather(*[loop.create_task(app(scope, receive, send)) for _ in range(conc)])
+        if svc is not None:
+            await svc.batcher.stop()
+        return False
+
+    warm = max(2, 600 // conc)  # JIT, caches, first-call paths; the batcher's lonely state
+    uvloop.run(go(warm))
+    uvloop.run(go(warm))
+    list(itertools.dropwhile(lambda _: uvloop.run(go(rounds)), [0]))
+    if set(statuses) != {200}:
+        raise SystemExit(f"the app answered {sorted(set(statuses))}, not only 200")
+
+
+def _count(kind: str, bundle: str, conc: int, rounds: int, tmp: Path) -> float:
+    out = tmp / f"cg.{kind}.{conc}.out"
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--toggle-collect={_TOGGLE}", f"--callgrind-out-file={out}",
+           sys.executable, __file__, "--child", kind, bundle, str(conc), str(rounds)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"{kind} under callgrind failed ({r.returncode}): {r.stderr[-2000:]}")
+    totals = [line for line in out.read_text().splitlines() if line.startswith("totals:")]
+    return int(totals[0].split()[1]) / (rounds * conc)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--conc", default="1,64", help="requests in flight, comma-separated")
+    ap.add_argument("--rounds", default="400,10", help="measured rounds for each --conc")
+    a = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    from offload.examples.risk import build_risk_bundle
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        build_risk_bundle(tmp / "risk")
+        print("| requests in flight | floor instructions/req | service instructions/req | service's own (difference) |")
+        print("|---:|---:|---:|---:|")
+        for conc, rounds in zip((int(c) for c in a.conc.split(",")), (int(r) for r in a.rounds.split(","))):
+            floor = _count("floor", str(tmp / "risk"), conc, rounds, tmp)
+            service = _count("service", str(tmp / "risk"), conc, rounds, tmp)
+            print(f"| {conc} | {floor:,.0f} | {service:,.0f} | {service - floor:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
