@@ -30,9 +30,9 @@ HEADER_LENGTH = "inference-header-content-length"
 JSON_HEADERS: Mapping[str, str] = MappingProxyType({"content-type": "application/json"})
 _FP32_MAX = float(np.finfo(np.float32).max)
 _FP32_MAX_SQ = _FP32_MAX * _FP32_MAX
-_SAFE = float(2**63)  # far inside FP32's range: see stack_rows
-_SAFE_SQ = _SAFE * _SAFE
-_SMALL = 256  # values in a batch up to which stack_rows checks them with max() rather than BLAS
+_SAFE_SQ = float(2**126)  # (2**63)**2, far inside FP32's range: see stack_rows
+_FP32_MAX_LE, _FP32_LOWEST_LE = np.float32(_FP32_MAX).tobytes(), np.float32(-_FP32_MAX).tobytes()
+_SMALL = 256  # values in a batch up to which stack_rows checks them by their FP32 bytes, not BLAS
 
 
 # The base of every refused request; ``status`` comes from the service's one table (errors.py).
@@ -247,14 +247,16 @@ def stack_rows(xs: list[np.ndarray | JsonRows]) -> tuple[np.ndarray, dict[int, I
         # only kept where every value is provably inside FP32's range: then the FP32 cast is the
         # one the general path makes. Otherwise NumPy's way below, with the exact check.
         if len(flat) <= _SMALL:
-            # One row or a few: a builtin max over the values (no NumPy reduction, no BLAS) and
-            # the FP32 cast in struct itself.
+            # One row or a few: struct makes the FP32 cast itself and refuses (OverflowError)
+            # every value whose cast overflows. The only ones past FP32_MAX it takes round to
+            # +-FP32_MAX: a batch holding that bit pattern anywhere (misaligned matches too)
+            # takes the exact way below, so no NumPy reduction or BLAS call for the rest.
             try:
-                inside = max(map(abs, flat)) < _SAFE
-            except TypeError:  # not all numbers: see below
-                inside = False
-            if inside:
-                return np.frombuffer(_packer(len(flat), "f").pack(*flat), dtype=np.float32).astype(np.float64).reshape(rows, xs[0].f), {}
+                packed = _packer(len(flat), "f").pack(*flat)
+            except (struct.error, OverflowError):  # not all numbers, or past FP32: see below
+                packed = None
+            if packed is not None and _FP32_MAX_LE not in packed and _FP32_LOWEST_LE not in packed:
+                return np.frombuffer(packed, dtype=np.float32).astype(np.float64).reshape(rows, xs[0].f), {}
         else:
             try:
                 a = np.frombuffer(_packer(len(flat), "d").pack(*flat))
