@@ -32,9 +32,11 @@ from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
 
 
-async def _measure(svc: ScoringService, body: bytes, conc: int, n: int, sweep: np.ndarray | None) -> tuple[float, float]:
-    """(app + harness, harness alone) thread CPU seconds per request."""
-    scope = {"type": "http", "method": "POST", "path": "/v2/models/risk/infer", "headers": [(b"content-length", str(len(body)).encode())]}
+def asgi_infer(body: bytes, headers: list[tuple[bytes, bytes]] = ()):
+    """``(scope, receive, send, statuses)`` of a POST to the risk model's infer URL with ``body``,
+    as uvicorn hands it to an app (``headers`` before Content-Length); ``statuses`` collects the
+    answers' status codes."""
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/risk/infer", "headers": [*headers, (b"content-length", str(len(body)).encode())]}
     statuses: list[int] = []
 
     async def receive():
@@ -43,6 +45,13 @@ async def _measure(svc: ScoringService, body: bytes, conc: int, n: int, sweep: n
     async def send(msg):
         if msg["type"] == "http.response.start":
             statuses.append(msg["status"])
+
+    return scope, receive, send, statuses
+
+
+async def _measure(svc: ScoringService, body: bytes, conc: int, n: int, sweep: np.ndarray | None) -> tuple[float, float]:
+    """(app + harness, harness alone) thread CPU seconds per request."""
+    scope, receive, send, statuses = asgi_infer(body)
 
     async def one():
         await svc.app(scope, receive, send)

@@ -51,17 +51,10 @@ def _child(kind: str, bundle: str, conc: int, rounds: int) -> None:
         from _serve_baselines import floor_app
 
         app = floor_app()
+    from bench_serve_inproc import asgi_infer
+
     # The headers uvicorn hands the app for bench_serve.py's load tool.
-    scope = {"type": "http", "method": "POST", "path": "/v2/models/risk/infer",
-             "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
-    statuses: list[int] = []
-
-    async def receive():
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(msg):
-        if msg["type"] == "http.response.start":
-            statuses.append(msg["status"])
+    scope, receive, send, statuses = asgi_infer(body, [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")])
 
     async def go(n: int) -> bool:
         if svc is not None:
