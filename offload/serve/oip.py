@@ -239,7 +239,7 @@ def stack_rows(xs: list[np.ndarray | JsonRows]) -> tuple[np.ndarray, dict[int, I
         flat: list = xs[0].data if len(xs) == 1 else []  # only read
         for x in xs if len(xs) > 1 else ():
             flat += x.data
-        rows = len(flat) // xs[0].f
+        n_rows = len(flat) // xs[0].f
         # struct reads Python numbers (floats, ints, bools) as C doubles or floats in one C loop,
         # ~80 machine instructions a value against ~330 for np.array's type discovery
         # (callgrind), and raises for anything else (a string, null, nested list). Its values are
@@ -256,20 +256,20 @@ def stack_rows(xs: list[np.ndarray | JsonRows]) -> tuple[np.ndarray, dict[int, I
             except (struct.error, OverflowError):  # not all numbers, or past FP32: see below
                 packed = None
             if packed is not None and _FP32_MAX_LE not in packed and _FP32_LOWEST_LE not in packed:
-                return np.frombuffer(packed, dtype=np.float32).astype(np.float64).reshape(rows, xs[0].f), {}
+                return np.frombuffer(packed, dtype=np.float32).astype(np.float64).reshape(n_rows, xs[0].f), {}
         else:
             try:
                 a = np.frombuffer(_packer(len(flat), "d").pack(*flat))
             except struct.error:  # not all numbers: see below
                 a = None
             if a is not None and np.vdot(a, a) < _SAFE_SQ:  # every |x| < 2**63 < FP32_MAX
-                return a.astype(np.float32).astype(np.float64).reshape(rows, xs[0].f), {}
+                return a.astype(np.float32).astype(np.float64).reshape(n_rows, xs[0].f), {}
         try:
             a = np.array(flat)
         except (ValueError, TypeError):  # a nested or ragged value: the per-request path names it
             a = None
         if a is not None and a.dtype.char == "d" and _in_fp32_range(a):
-            return a.astype(np.float32).astype(np.float64).reshape(rows, xs[0].f), {}
+            return a.astype(np.float32).astype(np.float64).reshape(n_rows, xs[0].f), {}
     rows, refused = [], {}
     for i, x in enumerate(xs):
         if type(x) is JsonRows:
