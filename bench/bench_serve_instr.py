@@ -47,8 +47,7 @@ def _child(kind: str, bundle: str, conc: int, rounds: int) -> None:
         app = svc.app
         svc._started = True  # the batcher is started on each round's loop below
     else:
-        sys.path.insert(0, str(ROOT / "bench"))
-        from _serve_baselines import floor_app
+        from _serve_baselines import floor_app  # bench/ is on the path: this script lives there
 
         app = floor_app()
     from bench_serve_inproc import asgi_infer

@@ -52,7 +52,8 @@ usual timeout (the first one seen; the service gives every request the same, so 
 deadline order) and on a heap otherwise; the batcher keeps a single timer armed at the earliest
 of the two heads, and requests done meanwhile are dropped from the heads as new ones come. A
 ``call_later`` and its cancel per request cost uvloop ~2 us (a libuv timer started, stopped and
-closed each time), more than the rest of the batcher's work for that request. A leader needs no entry at all: it can only run out of time during its one pass, so
+closed each time), more than the rest of the batcher's work for that request. A leader needs no
+entry at all: it can only run out of time during its one pass, so
 it checks its deadline when the pass is over.
 """
 
