@@ -273,12 +273,16 @@ class FailoverRunner:
                 delay = min(delay * 2, 10.0)
                 continue
             with self._lock:
-                if self._closed.is_set():
-                    self._close_later(dev)
-                    return
-                self._primary, self._handle, self._lane, self.state = dev, handle, lane, "up"
-                self._fast = self._bound(dev, handle)
-                self._live = (dev, handle, self._fast)
+                closed = self._closed.is_set()
+                if not closed:
+                    self._primary, self._handle, self._lane, self.state = dev, handle, lane, "up"
+                    self._fast = self._bound(dev, handle)
+                    self._live = (dev, handle, self._fast)
+            if closed:  # closed while it reopened; off the lock, which _close_later takes itself
+                if lane is not None:
+                    lane.retire()
+                self._close_later(dev)
+                return
             self.metrics.set_device_state(self.device_spec, "up")
             _log.warning("device %s is back", self.device_spec)
             return

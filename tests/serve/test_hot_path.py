@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import numpy as np
 import orjson
@@ -121,6 +122,46 @@ def test_only_the_sim_device_itself_skips_the_output_check(bundle):
     finally:
         r.close()
 
+
+
+def test_close_while_a_reopen_finishes_closes_the_fresh_device_and_returns(bundle):
+    """close() during a reopen: the reopener, finding the runner closed, closes the device it
+    just opened (it once did so under the runner's lock, which closing takes too: a deadlock)."""
+    import threading
+
+    kernel = next(iter(bundle.kernels.values()))
+    closed_devs: list = []
+    runner: list = []
+
+    class _Tracked(SimDevice):
+        def close(self):
+            closed_devs.append(self)
+            super().close()
+
+    opened: list = []
+    reopening = threading.Event()
+
+    def opener(spec):
+        if len(opened) == 2:  # after the primary and the fall-back, the reopen: it finishes only once close() has begun
+            reopening.set()
+            runner[0]._closed.wait(10)
+        dev = _NanSim() if spec == "sim" and not opened else _Tracked()
+        opened.append(dev)
+        return dev
+
+    r = FailoverRunner(kernel, "sim", n_out=1, fallback="sim", metrics=ServeMetrics(), model="risk", opener=opener, reopen_backoff_s=60)
+    runner.append(r)
+    r.run_inline(np.zeros((2, 16)))  # the NaN is a fault: the reopener starts
+    assert reopening.wait(10)
+    t = threading.Thread(target=r.close, daemon=True)
+    t.start()
+    t.join(15)
+    assert not t.is_alive(), "close() never returned"
+    fresh = opened[-1]
+    deadline = time.monotonic() + 10
+    while fresh not in closed_devs and time.monotonic() < deadline:  # closed on a thread of its own
+        time.sleep(0.01)
+    assert len(opened) == 3 and fresh in closed_devs and r.state == "closed"
 
 async def _post(svc, body: bytes, headers=()) -> tuple[int, dict]:
     sent: list[dict] = []
