@@ -124,10 +124,10 @@ def kserve_python(install_timeout_s: float) -> Path | None:
 
 def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with_kserve: bool, install_timeout_s: float) -> dict:
     """Closed-loop throughput / p50 / p99 / server CPU per request at each concurrency."""
-    import orjson
     import uvloop
 
-    from offload.examples.risk import make_transactions
+    from bench_serve_inproc import risk_body
+
     from offload.loadgen.closedloop import run_closed
 
     py = sys.executable
@@ -139,8 +139,7 @@ def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with
     kpy = kserve_python(install_timeout_s) if with_kserve else None
     if kpy is not None:
         cmds["kserve"] = [str(kpy), "bench/_kserve_peer.py", str(tmp / "float.npz"), "--port", str(ports["kserve"])]
-    x = make_transactions(1, 5)[0].astype(np.float32)
-    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
+    body = risk_body()
     procs = {k: _start(c, ports[k]) for k, c in cmds.items()}
     runs: dict[tuple[str, int], list[dict]] = {(k, c): [] for k in cmds for c in conns}
     try:

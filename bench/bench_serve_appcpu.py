@@ -24,11 +24,9 @@ data after each idle wait, not work that fewer instructions would remove in prop
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,26 +64,15 @@ def _app(kind: str, bundle: str):
     return ScoringService(offload.load(bundle), ServeConfig(device="sim", max_queue_size=4096)).app
 
 
-def _body() -> bytes:
-    import orjson
-
-    from offload.examples.risk import make_transactions
-
-    x = make_transactions(1, 5)[0].astype(np.float32)
-    return orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
-
-
 def _child(kind: str, bundle: str, port: int, out: str) -> None:
     """Serves ``kind`` on ``port`` until SIGTERM, then writes its samples to ``out``."""
     import uvicorn
 
-    from offload.serve.server import _GC_GEN0, _uvicorn_config
+    from offload.serve.server import _settle_gc, _uvicorn_config
 
     samples: list[float] = []
     server = uvicorn.Server(_uvicorn_config(_timed(_app(kind, bundle), samples), "127.0.0.1", port, 5.0, "warning"))
-    gc.collect()  # the GC settings offload serve uses (offload/serve/server.py says why)
-    gc.freeze()
-    gc.set_threshold(_GC_GEN0, *gc.get_threshold()[1:])
+    _settle_gc()  # as offload serve does before it serves
 
     def leave(signum, frame) -> None:  # uvicorn re-raises the SIGTERM it drained on
         raise SystemExit(0)
@@ -109,13 +96,14 @@ def in_server(kind: str, bundle: str, tmp: Path, connections: int, duration: flo
 
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_serve import _cpu_s, _port, _start
+    from bench_serve_inproc import risk_body
 
     from offload.loadgen.closedloop import run_closed
 
     port, out = _port(), tmp / f"{kind}.json"
     warm = 2000
     proc = _start([sys.executable, __file__, "--child", kind, "--bundle", bundle, "--port", str(port), "--out", str(out)], port)
-    body, url = _body(), f"http://127.0.0.1:{port}{_INFER}"
+    body, url = risk_body(), f"http://127.0.0.1:{port}{_INFER}"
     try:
         async def warm_up() -> None:
             done = 0
@@ -138,11 +126,11 @@ def in_process(kind: str, bundle: str, n: int, sweep_bytes: int) -> dict[str, fl
     import uvloop
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from bench_serve_inproc import asgi_infer
+    from bench_serve_inproc import asgi_infer, risk_body
 
     samples: list[float] = []
     app = _timed(_app(kind, bundle), samples)
-    scope, receive, send, statuses = asgi_infer(_body())
+    scope, receive, send, statuses = asgi_infer(risk_body())
     sweep = np.ones(sweep_bytes // 8) if sweep_bytes else None
 
     async def run() -> None:

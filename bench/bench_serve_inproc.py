@@ -32,6 +32,12 @@ from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
 
 
+def risk_body() -> bytes:
+    """The batch-1 JSON infer body the service benchmarks send: one risk transaction, FP32."""
+    x = make_transactions(1, 5)[0].astype(np.float32)
+    return orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
+
+
 def asgi_infer(body: bytes, headers: list[tuple[bytes, bytes]] = ()):
     """``(scope, receive, send, statuses)`` of a POST to the risk model's infer URL with ``body``,
     as uvicorn hands it to an app (``headers`` before Content-Length); ``statuses`` collects the
@@ -85,8 +91,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build_risk_bundle(Path(tmp) / "risk")
         svc = ScoringService(offload.load(str(Path(tmp) / "risk")), ServeConfig(device="sim"))
-    x = make_transactions(1, 5)[0].astype(np.float32)
-    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
+    body = risk_body()
 
     async def run() -> None:
         await svc._ensure_started()

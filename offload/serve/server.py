@@ -137,15 +137,7 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
         max_connections=config.max_connections or default_max_connections(),
         count=count,
     )
-    # Everything loaded so far lives as long as the process: keep it out of every later
-    # collection, so a full GC pass while serving scans only per-request garbage.
-    gc.collect()
-    gc.freeze()
-    # A young-generation pass every _GC_GEN0 allocations instead of CPython's 700: with 64
-    # requests in flight each pass walks every live request's objects (py-spy at 64 connections:
-    # 2.5% of the server in gc_collect_main), yet what dies young is freed by reference counting
-    # whatever the threshold; cycles wait at most a few thousand requests longer.
-    gc.set_threshold(_GC_GEN0, *gc.get_threshold()[1:])
+    _settle_gc()
     server = _DrainingServer(_uvicorn_config(svc.app, host, port, config.drain_timeout_s, log_level, limits), svc)
     # uvicorn drains, restores the previous handlers and re-raises the signal it caught; a clean
     # drain should end the process with status 0, not "killed by SIGTERM".
@@ -157,6 +149,19 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
         _leave_if_stuck(svc, 0 if isinstance(e, SystemExit) and not e.code else 1)
         raise
     _leave_if_stuck(svc, 0)
+
+
+def _settle_gc() -> None:
+    """The collector's settings for serving, once everything is loaded."""
+    # Everything loaded so far lives as long as the process: keep it out of every later
+    # collection, so a full GC pass while serving scans only per-request garbage.
+    gc.collect()
+    gc.freeze()
+    # A young-generation pass every _GC_GEN0 allocations instead of CPython's 700: with 64
+    # requests in flight each pass walks every live request's objects (py-spy at 64 connections:
+    # 2.5% of the server in gc_collect_main), yet what dies young is freed by reference counting
+    # whatever the threshold; cycles wait at most a few thousand requests longer.
+    gc.set_threshold(_GC_GEN0, *gc.get_threshold()[1:])
 
 
 def _leave_if_stuck(svc: Any, status: int) -> None:
