@@ -11,10 +11,12 @@ prometheus_client's own.
 
 from __future__ import annotations
 
-import bisect
+import functools
+import operator
 import time
 from typing import Iterable
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -26,30 +28,51 @@ __all__ = ["ServeMetrics", "LoopHistogram", "LoopCounter", "CONTENT_TYPE_LATEST"
 # Sub-millisecond resolution: loopback requests take ~0.2-2 ms, so the default buckets (5 ms first) say nothing.
 _LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_FOLD_AT = 4096  # observations held before they are binned: ~130 KB a series at most
 DEVICE_STATES = ("up", "failed", "reopening", "closed")
 
 
 class _HistChild:
-    __slots__ = ("_bounds", "counts", "sum", "created")
+    """One labelled histogram series. Observations are appended and binned in bulk, by
+    :meth:`fold`, every ``_FOLD_AT`` of them and before each scrape: a ``bisect`` per observation
+    compared floats through the object protocol, ~860 machine instructions each and four
+    observations a request (callgrind), against ~120 binned in bulk. Bucket counts and the sum are
+    exactly what observing one at a time gives (the sum is added up in arrival order)."""
+
+    __slots__ = ("_bounds", "_edges", "_vals", "counts", "sum", "created")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self._bounds = bounds
+        self._edges = np.array(bounds, dtype=np.float64)
+        self._vals: list[float] = []  # observed, not yet binned
         self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
         self.sum = 0.0
         self.created = time.time()
 
     def observe(self, v: float) -> None:
-        # bisect_left: a value equal to a bound falls in that bound's bucket (le, "less or equal").
-        self.counts[bisect.bisect_left(self._bounds, v)] += 1
-        self.sum += v
+        vals = self._vals
+        vals.append(v)
+        if len(vals) >= _FOLD_AT:
+            self.fold()
 
     def observe_many(self, vs: list[float]) -> None:
         """:meth:`observe` of each value: one call for a batch's requests."""
-        counts, bounds, where, total = self.counts, self._bounds, bisect.bisect_left, self.sum
-        for v in vs:
-            counts[where(bounds, v)] += 1
-            total += v
-        self.sum = total
+        vals = self._vals
+        vals.extend(vs)
+        if len(vals) >= _FOLD_AT:
+            self.fold()
+
+    def fold(self) -> None:
+        """Bins what was observed since the last fold into ``counts`` and ``sum``."""
+        vals, self._vals = self._vals, []
+        if not vals:
+            return
+        # side="left": a value equal to a bound falls in that bound's bucket (le, "less or
+        # equal"), as bisect_left placed it. Values are durations and row counts, never NaN.
+        where = np.searchsorted(self._edges, np.array(vals, dtype=np.float64), side="left")
+        for i, n in enumerate(np.bincount(where, minlength=len(self.counts)).tolist()):
+            self.counts[i] += n
+        self.sum = functools.reduce(operator.add, vals, self.sum)
 
 
 class _CountChild:
@@ -88,7 +111,7 @@ class _Family:
 
 
 class LoopHistogram(_Family):
-    """A labelled histogram for one thread (the event loop's): no lock, one bisect per observation."""
+    """A labelled histogram for one thread (the event loop's): no lock; observations binned in bulk."""
 
     def __init__(self, name: str, doc: str, labelnames: Iterable[str], *, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
         self._bounds = tuple(float(b) for b in buckets)
@@ -101,6 +124,7 @@ class LoopHistogram(_Family):
     def collect(self) -> list[Metric]:
         fam = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
         for key, c in list(self._children.items()):
+            c.fold()
             cum, acc = [], 0
             for le, n in zip(self._le, c.counts):
                 acc += n

@@ -8,7 +8,9 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from offload.serve.metrics import _BATCH_BUCKETS, _LATENCY_BUCKETS, LoopCounter, LoopHistogram, ServeMetrics
+import numpy as np
+
+from offload.serve.metrics import _BATCH_BUCKETS, _FOLD_AT, _LATENCY_BUCKETS, LoopCounter, LoopHistogram, ServeMetrics
 
 
 def _without_created(text: bytes) -> str:
@@ -33,6 +35,31 @@ def test_histogram_and_counter_scrape_like_prometheus_client(buckets):
     assert _without_created(generate_latest(ours)) == _without_created(generate_latest(ref))
     assert ours.get_sample_value("h_seconds_created", {"model": "m", "device": "sim"}) is not None
     assert ours.get_sample_value("c_created", {"code": "200"}) is not None
+
+
+def test_bulk_binning_across_folds_and_scrapes_matches_prometheus_client():
+    # More observations than one fold holds, single and batched, with scrapes in between: every
+    # scrape shows what observing one at a time shows, sums added in arrival order included.
+    rng = np.random.default_rng(7)
+    ref, ours = CollectorRegistry(), CollectorRegistry()
+    h_ref = Histogram("q_seconds", "doc", ["model"], buckets=_LATENCY_BUCKETS, registry=ref)
+    h = LoopHistogram("q_seconds", "doc", ["model"], buckets=_LATENCY_BUCKETS, registry=ours)
+    ties = [float(b) for b in _LATENCY_BUCKETS]
+    values = [*(rng.lognormal(-8, 2, size=2 * _FOLD_AT + 123)).tolist(), *ties * 50]
+    rng.shuffle(values)
+    child = h.labels(model="m")
+    i = 0
+    for step in (1, 7, _FOLD_AT - 1, 3, _FOLD_AT + 5, 1, len(values)):
+        chunk = values[i : i + step]
+        i += len(chunk)
+        for v in chunk:
+            h_ref.labels(model="m").observe(v)
+        if len(chunk) == 1:
+            child.observe(chunk[0])
+        else:
+            child.observe_many(chunk)
+        assert _without_created(generate_latest(ours)) == _without_created(generate_latest(ref))
+    assert i == len(values)
 
 
 def test_wrong_labels_and_negative_increments_are_refused():
