@@ -343,12 +343,13 @@ class _InferFastPath:
     def __init__(self, svc: ScoringService, app) -> None:
         self.svc = svc
         self.app = app
+        self._infer = svc._infer_asgi  # bound once: two attribute loads less per request
         name, v = svc.model.name, svc.model.version
         self._paths = frozenset({f"/v2/models/{name}/infer", f"/v2/models/{name}/versions/{v}/infer"})
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self._paths:
-            await self.svc._infer_asgi(scope, receive, send)
+            await self._infer(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 

@@ -235,10 +235,18 @@ def stack_rows(xs: list[np.ndarray | JsonRows]) -> tuple[np.ndarray, dict[int, I
     mixes in arrays, converts each request on its own, so a refused request (``{index: error}``,
     left out of the array) takes no other request down with it.
     """
-    if type(xs[0]) is JsonRows and (len(xs) == 1 or all(type(x) is JsonRows for x in xs)):
-        flat: list = xs[0].data if len(xs) == 1 else []  # only read
-        for x in xs if len(xs) > 1 else ():
-            flat += x.data
+    flat: list | None = None  # every request's values, when all are JsonRows (then only read)
+    if type(xs[0]) is JsonRows:
+        if len(xs) == 1:
+            flat = xs[0].data
+        else:
+            flat = []  # one pass both checks and joins (a generator for the check cost ~11 bytecodes a request)
+            for x in xs:
+                if type(x) is not JsonRows:
+                    flat = None
+                    break
+                flat += x.data
+    if flat is not None:
         n_rows = len(flat) // xs[0].f
         # struct reads Python numbers (floats, ints, bools) as C doubles or floats in one C loop,
         # ~80 machine instructions a value against ~330 for np.array's type discovery
