@@ -95,7 +95,7 @@ def in_server(kind: str, bundle: str, tmp: Path, connections: int, duration: flo
     import uvloop
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from bench_serve import _cpu_s, _port, _start
+    from bench_serve import _port, _start
     from bench_serve_inproc import risk_body
 
     from offload.loadgen.closedloop import run_closed
@@ -111,15 +111,26 @@ def in_server(kind: str, bundle: str, tmp: Path, connections: int, duration: flo
                 done += (await run_closed(url, body, connections=connections, duration=0.5)).ok
 
         uvloop.run(warm_up())
-        c0 = _cpu_s(proc.pid)
+        c0 = _proc_counts(proc.pid)
         res = uvloop.run(run_closed(url, body, connections=connections, duration=duration))
-        c1 = _cpu_s(proc.pid)
+        c1 = _proc_counts(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     stats = _stats(json.loads(out.read_text())[-res.ok :])  # the measured run's requests
-    stats["process_us"] = (c1 - c0) / res.ok * 1e6
+    user, sys_, sleeps = ((b - a) / res.ok for a, b in zip(c0, c1))
+    stats.update(process_us=(user + sys_) * 1e6, user_us=user * 1e6, sys_us=sys_ * 1e6, sleeps=sleeps)
     return stats
+
+
+def _proc_counts(pid: int) -> tuple[float, float, int]:
+    """User and system CPU seconds of a process (all its threads) and how many times its main
+    thread went to sleep (voluntary context switches: an epoll wait that blocked), from /proc."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    sleeps = next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+    return int(f[11]) / tick, int(f[12]) / tick, sleeps
 
 
 def in_process(kind: str, bundle: str, n: int, sweep_bytes: int) -> dict[str, float]:
@@ -174,13 +185,14 @@ def main() -> None:
             for name, sweep in settings:
                 s = in_server(kind, bundle, Path(tmp), a.connections, a.duration) if sweep is None else in_process(kind, bundle, a.requests, sweep)
                 rows.append((kind, name, s))
-                whole = f"  whole process {s['process_us']:7.1f}" if "process_us" in s else ""
+                whole = f"  whole process {s['process_us']:7.1f} (user {s['user_us']:.1f}, sys {s['sys_us']:.1f}, sleeps/req {s['sleeps']:.2f})" if "process_us" in s else ""
                 print(f"{kind:8s} {name:40s} app CPU us/req: p50 {s['p50_us']:7.1f}  mean {s['mean_us']:7.1f}  p90 {s['p90_us']:7.1f}  p99 {s['p99_us']:7.1f}{whole}  (n={s['n']})", flush=True)
-    print("\n| app | setting | app CPU us/req p50 | mean | p99 | whole server process us/req |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("\n| app | setting | app CPU us/req p50 | mean | p99 | whole server process us/req (user / sys) | sleeps/req |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for kind, name, s in rows:
-        whole = f"{s['process_us']:.1f}" if "process_us" in s else "-"
-        print(f"| {kind} | {name} | {s['p50_us']:.1f} | {s['mean_us']:.1f} | {s['p99_us']:.1f} | {whole} |")
+        whole = f"{s['process_us']:.1f} ({s['user_us']:.0f} / {s['sys_us']:.0f})" if "process_us" in s else "-"
+        sleeps = f"{s['sleeps']:.2f}" if "sleeps" in s else "-"
+        print(f"| {kind} | {name} | {s['p50_us']:.1f} | {s['mean_us']:.1f} | {s['p99_us']:.1f} | {whole} | {sleeps} |")
 
 
 if __name__ == "__main__":
