@@ -87,13 +87,20 @@ def _start(cmd: list[str], port: int) -> subprocess.Popen:
     raise RuntimeError(f"{cmd} did not start")
 
 
-def _cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process (all its threads), from /proc; None off Linux."""
+def _cpu_times(pid: int) -> tuple[float, float] | None:
+    """User and system CPU seconds of a process (all its threads), from /proc; None off Linux."""
     try:
         f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(f[11]) / tick, int(f[12]) / tick
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (all its threads), from /proc; None off Linux."""
+    t = _cpu_times(pid)
+    return None if t is None else t[0] + t[1]
 
 
 KSERVE_VENV = ROOT / "bench" / ".venvs" / "kserve"

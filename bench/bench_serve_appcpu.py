@@ -95,7 +95,7 @@ def in_server(kind: str, bundle: str, tmp: Path, connections: int, duration: flo
     import uvloop
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from bench_serve import _port, _start
+    from bench_serve import _cpu_times, _port, _start
     from bench_serve_inproc import risk_body
 
     from offload.loadgen.closedloop import run_closed
@@ -111,9 +111,9 @@ def in_server(kind: str, bundle: str, tmp: Path, connections: int, duration: flo
                 done += (await run_closed(url, body, connections=connections, duration=0.5)).ok
 
         uvloop.run(warm_up())
-        c0 = _proc_counts(proc.pid)
+        c0 = (*_cpu_times(proc.pid), _sleeps(proc.pid))
         res = uvloop.run(run_closed(url, body, connections=connections, duration=duration))
-        c1 = _proc_counts(proc.pid)
+        c1 = (*_cpu_times(proc.pid), _sleeps(proc.pid))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -123,14 +123,11 @@ def in_server(kind: str, bundle: str, tmp: Path, connections: int, duration: flo
     return stats
 
 
-def _proc_counts(pid: int) -> tuple[float, float, int]:
-    """User and system CPU seconds of a process (all its threads) and how many times its main
-    thread went to sleep (voluntary context switches: an epoll wait that blocked), from /proc."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
+def _sleeps(pid: int) -> int:
+    """How many times a process's main thread went to sleep (voluntary context switches: an epoll
+    wait that blocked), from /proc."""
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    sleeps = next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
-    return int(f[11]) / tick, int(f[12]) / tick, sleeps
+    return next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
 
 
 def in_process(kind: str, bundle: str, n: int, sweep_bytes: int) -> dict[str, float]:

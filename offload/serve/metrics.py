@@ -39,13 +39,12 @@ class _HistChild:
     observations a request (callgrind), against ~120 binned in bulk. Bucket counts and the sum are
     exactly what observing one at a time gives (the sum is added up in arrival order)."""
 
-    __slots__ = ("_bounds", "_edges", "_vals", "counts", "sum", "created")
+    __slots__ = ("_edges", "_vals", "counts", "sum", "created")
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self._bounds = bounds
-        self._edges = np.array(bounds, dtype=np.float64)
+    def __init__(self, edges: np.ndarray) -> None:
+        self._edges = edges  # the family's bucket bounds, float64, shared by its series
         self._vals: list[float] = []  # observed, not yet binned
-        self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
+        self.counts = [0] * (len(edges) + 1)  # per bucket, not cumulative; the last is +Inf
         self.sum = 0.0
         self.created = time.time()
 
@@ -114,12 +113,13 @@ class LoopHistogram(_Family):
     """A labelled histogram for one thread (the event loop's): no lock; observations binned in bulk."""
 
     def __init__(self, name: str, doc: str, labelnames: Iterable[str], *, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
-        self._bounds = tuple(float(b) for b in buckets)
-        self._le = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
+        bounds = tuple(float(b) for b in buckets)
+        self._edges = np.array(bounds, dtype=np.float64)
+        self._le = [floatToGoString(b) for b in bounds] + ["+Inf"]
         super().__init__(name, doc, labelnames, registry)
 
     def _child(self) -> _HistChild:
-        return _HistChild(self._bounds)
+        return _HistChild(self._edges)
 
     def collect(self) -> list[Metric]:
         fam = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)

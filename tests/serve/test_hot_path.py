@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import numpy as np
@@ -123,12 +124,9 @@ def test_only_the_sim_device_itself_skips_the_output_check(bundle):
         r.close()
 
 
-
 def test_close_while_a_reopen_finishes_closes_the_fresh_device_and_returns(bundle):
     """close() during a reopen: the reopener, finding the runner closed, closes the device it
     just opened (it once did so under the runner's lock, which closing takes too: a deadlock)."""
-    import threading
-
     kernel = next(iter(bundle.kernels.values()))
     closed_devs: list = []
     runner: list = []
@@ -162,6 +160,7 @@ def test_close_while_a_reopen_finishes_closes_the_fresh_device_and_returns(bundl
     while fresh not in closed_devs and time.monotonic() < deadline:  # closed on a thread of its own
         time.sleep(0.01)
     assert len(opened) == 3 and fresh in closed_devs and r.state == "closed"
+
 
 async def _post(svc, body: bytes, headers=()) -> tuple[int, dict]:
     sent: list[dict] = []

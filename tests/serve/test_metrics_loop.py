@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-
-import numpy as np
 
 from offload.serve.metrics import _BATCH_BUCKETS, _FOLD_AT, _LATENCY_BUCKETS, LoopCounter, LoopHistogram, ServeMetrics
 
