@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import numpy as np
 import pytest
@@ -41,7 +42,9 @@ def _check(spec, tensors, inputs, threads=(1, 2)):
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_harness_specs_match_reference(name):
     spec = SPECS[name]()
-    rng = np.random.default_rng(hash(name) % 2**32)
+    # crc32, not hash(): str hashes change with every process (PYTHONHASHSEED), so the cases did
+    # too; 1 of 400 seeds tried for mixed-max draws a row-wise row whose bias ap_fixed<20,3> cannot hold.
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     k = make_kernel("k", spec, random_tables(rng, spec))
     for weighted, pad_frac, B in itertools.product((False, True) if spec.mode == "sum" else (False,), (0.0, 0.3), (0, 1, 9, 200)):
         inputs = make_case(rng, spec, B, spec.max_bag_size, weighted=weighted, pad_frac=pad_frac)
