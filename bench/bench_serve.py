@@ -31,7 +31,9 @@ answer is in) for the floor, the service and, with ``--kserve``, KServe's Python
 (single worker) serving the naive server's float weights. KServe is never a project dependency:
 the script makes its own virtual environment, bench/.venvs/kserve (git-ignored), and pip-installs
 ``kserve`` there on first use; if that fails or takes longer than ``--kserve-install-timeout``, it
-says so and measures the rest. Servers alternate within each cell, ``--repeats`` sweeps, medians.
+says so and measures the rest. Servers alternate within each cell, ``--repeats`` sweeps, medians;
+the goal ratios are also given paired (service over floor within each sweep, where both saw the
+same phase of the machine's load), as the median of the sweeps' ratios.
 
     .venv/bin/python bench/bench_serve.py --connections 1,8,64 --kserve [--duration 3] [--repeats 3]
 """
@@ -185,8 +187,18 @@ def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with
     # CPU is left); CPU per request hardly does, and once CPU-bound a server's throughput is its
     # inverse: the capacity ratio says what the throughput ratio would be on a machine of its own.
     summary["service_over_floor_capacity_at_max_conns"] = r1c = res["floor"][hi]["server_cpu_us_per_req"] / res["service"][hi]["server_cpu_us_per_req"]
+    # Paired: each sweep measures the two servers back to back at a concurrency, so a ratio taken
+    # within a sweep sees one phase of the machine's load; the medians above may take the floor
+    # from a calm sweep and the service from a noisy one. The median of the sweeps' ratios.
+    pair_thr = [s["throughput"] / f["throughput"] for s, f in zip(runs[("service", hi)], runs[("floor", hi)])]
+    pair_cpu = [s["server_cpu_us_per_req"] / f["server_cpu_us_per_req"] for s, f in zip(runs[("service", lo)], runs[("floor", lo)])]
+    summary["paired_throughput_at_max_conns"] = {"median": float(np.median(pair_thr)), "sweeps": pair_thr, "met": sum(r >= 0.7 for r in pair_thr)}
+    summary["paired_cpu_at_min_conns"] = {"median": float(np.median(pair_cpu)), "sweeps": pair_cpu, "met": sum(r <= 1.5 for r in pair_cpu)}
     print(f"\nservice / floor throughput at {hi} connections: {r1:.2f}x measured, {r1c:.2f}x from CPU per request (goal >= 0.7)")
     print(f"service / floor server CPU per request at {lo} connection(s): {r2:.2f}x (goal <= 1.5)")
+    print(f"paired within each sweep, median [min, max]: throughput at {hi} {np.median(pair_thr):.2f}x [{min(pair_thr):.2f}, {max(pair_thr):.2f}], "
+          f"goal met in {summary['paired_throughput_at_max_conns']['met']}/{len(pair_thr)} sweeps; CPU at {lo} {np.median(pair_cpu):.2f}x "
+          f"[{min(pair_cpu):.2f}, {max(pair_cpu):.2f}], goal met in {summary['paired_cpu_at_min_conns']['met']}/{len(pair_cpu)} sweeps")
     if "kserve" in res:
         # Equal p99: KServe at its best throughput, against the service's best at a p99 no higher.
         kc = max(conns, key=lambda c: res["kserve"][c]["throughput"])

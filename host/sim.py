@@ -71,13 +71,17 @@ class SimDevice:
         kind.validate(k.spec, k.tensors, inputs)
         return kind.reference(k.spec, k.tensors, inputs)
 
-    def bind_validated(self, handle: KernelHandle) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    def bind_validated(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
         """:meth:`run` of ``handle`` as one prepared call, for inputs that already passed the kind's
         input check for this kernel (the mlp kind's ``validate_inputs``: the scoring service checks
         every request before queueing it). Skips :meth:`run`'s per-call check of the inputs and of
         the resident tensors, which were checked once, at :meth:`load`, and are read-only since,
         and its per-call lookups (the kind's ``bind``, where it has one). Unchecked inputs give
         undefined outputs here: anyone else calls :meth:`run`. A closed device refuses it as run does.
+
+        ``fp32``: inputs of FP32 values and every output as float32, bit for bit run's outputs
+        ``.astype(np.float32)`` (the kind's ``bind`` does the rounding where it has one): what a
+        server whose wire type is FP32 asks for.
 
         Example::
 
@@ -88,11 +92,10 @@ class SimDevice:
         k = self._get(handle)
         kind = get_kind(k.kind)
         if kind.bind is not None:
-            run = kind.bind(k.spec, k.tensors)
-        elif kind.run_checked is not None:  # its checks are part of the one compiled pass
-            run = functools.partial(kind.run_checked, k.spec, k.tensors)
+            run = kind.bind(k.spec, k.tensors, fp32)
         else:
-            run = functools.partial(kind.reference, k.spec, k.tensors)
+            full = functools.partial(kind.run_checked or kind.reference, k.spec, k.tensors)  # run_checked: its checks are part of the one compiled pass
+            run = (lambda inputs: {n: v.astype(np.float32) for n, v in full(inputs).items()}) if fp32 else full
 
         def call(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             self._check_open()

@@ -328,8 +328,17 @@ def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[
     return {"y": simulate(spec.input_type, spec.layers, tensors, x)}
 
 
-def bind(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-    """:func:`reference` for these (from now on constant) tensors as one prepared call."""
+def bind(spec: MlpSpec, tensors: Mapping[str, np.ndarray], fp32: bool = False) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    """:func:`reference` for these (from now on constant) tensors as one prepared call; ``fp32``:
+    inputs of FP32 values, ``y`` as float32 (see the registry's ``bind``)."""
+    if fp32:
+        run32 = bind_simulate(spec.input_type, spec.layers, tensors, fp32=True)
+
+        def call(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            x = inputs["x"]  # float32 rows stay float32; an array needs no NumPy call at all
+            return {"y": run32(x if type(x) is np.ndarray else np.asarray(x))}
+
+        return call
     run = bind_simulate(spec.input_type, spec.layers, tensors)
     return lambda inputs: {"y": run(np.asarray(inputs["x"], dtype=np.float64))}
 

@@ -42,8 +42,8 @@ the passes back on. So under load (where passes bring company) nothing changes, 
 arrives while leaders skip costs at most ``_PROBE_EVERY`` batches of one.
 
 Requests' rows are converted per batch. What a request queues is any sequence of rows the
-``stack`` function turns, with the rest of its batch, into one float64 array (the service's JSON
-rows are converted here, in one go: :func:`offload.serve.oip.stack_rows`); a request it refuses
+``stack`` function turns, with the rest of its batch, into one array (the default: float64; the
+service's JSON rows become FP32 here, in one go: :func:`offload.serve.oip.stack_rows`); a request it refuses
 gets its error, and the others their batch. Each request gets back its place in the batch's
 shared output (:class:`BatchOut`), where encoders keep what they derive once per batch.
 
@@ -82,7 +82,7 @@ _PROBE_EVERY = 8
 
 
 class BatchOut:
-    """A batch's output, shared by its requests: ``y`` [rows, n_out] float64, and ``derived``,
+    """A batch's output, shared by its requests: ``y`` [rows, n_out] as ``run_batch`` gave it, and ``derived``,
     where the requests' encoder keeps what it computes once per batch (None until one does)."""
 
     __slots__ = ("y", "derived")
@@ -116,10 +116,10 @@ class _Pending:
 class DynamicBatcher:
     """Queues row batches and runs them, one at a time, through ``run_batch``.
 
-    ``await run_batch(x: float64 [N, F]) -> (y: [N, n_out], device_name)``; it owns threads and
+    ``await run_batch(x: [N, F]) -> (y: [N, n_out], device_name)``; it owns threads and
     deadlines (:class:`~offload.serve.faults.FailoverRunner`), so the batcher holds no thread that
-    a stuck device could pin. ``stack(list of queued rows) -> (float64 [N, F], {index: error})``
-    builds a batch's input (default :func:`stack_arrays`).
+    a stuck device could pin. ``stack(list of queued rows) -> ([N, F], {index: error})``
+    builds a batch's input (default :func:`stack_arrays`: float64).
 
     Example::
 
@@ -210,7 +210,7 @@ class DynamicBatcher:
 
     async def infer(self, x: np.ndarray, timeout: float) -> np.ndarray:
         """Queues ``x`` ([n, F] floats, n <= max_batch_size) and returns its own output rows; the
-        device gets each batch as float64."""
+        device gets each batch as ``stack`` makes it."""
         out, off, n = await self.infer_shared(x, timeout)
         return out.y[off : off + n]
 
@@ -393,7 +393,7 @@ class DynamicBatcher:
         return batch
 
     def _rows_of(self, batch: list[_Pending]) -> tuple[np.ndarray, list[_Pending]]:
-        """The batch's rows in queue order (float64 for the device, converted here once per batch)
+        """The batch's rows in queue order (``stack``'s array for the device, made here once per batch)
         and the requests they belong to: any that ``stack`` refused have their error and are out.
         Its queue and size metrics."""
         t_start = time.perf_counter()

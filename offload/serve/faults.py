@@ -71,10 +71,17 @@ class _Lane:
                 f.set_exception(e)
 
 
+def _fp32(y: np.ndarray) -> np.ndarray:
+    """A device's checked output as the runner returns it: FP32, the wire type (float32, C order).
+    The probe check compares the device's own output, before this rounding."""
+    return np.ascontiguousarray(y, dtype=np.float32)
+
+
 class FailoverRunner:
     """Runs batches of one kernel on a primary device with a sim fall-back.
 
-    ``await run(x)`` scores a batch. Any failure of the primary is a device fault: an exception of
+    ``await run(x)`` scores a batch; its outputs are FP32 (float32 [B, n_out], C order), the
+    service's wire type, whichever device computed them. Any failure of the primary is a device fault: an exception of
     any kind (a binding's ``RuntimeError`` or ``OSError`` as much as a :class:`DeviceError`), a call
     past the service's deadline (abandoned), or outputs that break the model's declared output
     ``[rows, n_out]`` of finite numbers. A fault is counted, takes the primary out of service and
@@ -86,7 +93,7 @@ class FailoverRunner:
     Example::
 
         r = FailoverRunner(kernel, "xrt:0", n_out=1, fallback="sim", metrics=ServeMetrics(), model="risk")
-        y, device = await r.run(x)          # float64 [B, n_out]
+        y, device = await r.run(x)          # float32 [B, n_out]: FP32, the wire type
     """
 
     def __init__(
@@ -154,8 +161,10 @@ class FailoverRunner:
         The reference itself, on rows the service checked before queueing them: the device's
         per-call input check and the output check (a [rows, n_out] of finite numbers, which the
         fixed-point reference always is) refuse nothing. Only the SimDevice class itself: a
-        subclass (a test's hostile device) may override ``run`` and must keep every check."""
-        return dev.bind_validated(handle) if type(dev) is SimDevice else None
+        subclass (a test's hostile device) may override ``run`` and must keep every check.
+        FP32 both ways (``fp32=True``): the service's wire type, so its float32 rows go in as they
+        are and the outputs come back rounded to FP32 by the kernel, with no NumPy conversion."""
+        return dev.bind_validated(handle, fp32=True) if type(dev) is SimDevice else None
 
     def run_inline(self, x: np.ndarray) -> tuple[np.ndarray, str]:
         """:meth:`run` for an :attr:`inline` runner, as a plain call: the batcher's lone request
@@ -169,7 +178,7 @@ class FailoverRunner:
                 if fast is not None:
                     y = fast({"x": x})["y"]
                 else:
-                    y = self._checked(dev.run(handle, {"x": x}, timeout=self.timeout_s), x.shape[0], self.device_spec)
+                    y = _fp32(self._checked(dev.run(handle, {"x": x}, timeout=self.timeout_s), x.shape[0], self.device_spec))
                 self._compute.observe(time.perf_counter() - t0)
                 return y, self.device_spec
             except Exception as e:  # as in run(): whatever a device call raises is a device fault
@@ -195,7 +204,7 @@ class FailoverRunner:
                         f"device {self.device_spec!r}: a call ran past the service's deadline of {self.deadline_s * 1e3:.0f} ms "
                         f"(device timeout {self.timeout_s * 1e3:.0f} ms); call and handle abandoned"
                     ) from None
-                y = self._checked(out, x.shape[0], self.device_spec)
+                y = _fp32(self._checked(out, x.shape[0], self.device_spec))
                 self._compute.observe(time.perf_counter() - t0)
                 return y, self.device_spec
             # Whatever a device call raises is a device fault (bindings raise RuntimeError, OSError,
@@ -212,7 +221,7 @@ class FailoverRunner:
             raise DeviceUnavailable(f"device {self.device_spec!r} is {self.state}; fallback is 503" + (f" ({err})" if err else ""))
         self.metrics.fallbacks.labels(model=self.model).inc()
         t0 = time.perf_counter()
-        y = self._sim.run(self._sim_handle, {"x": x})["y"]
+        y = _fp32(self._sim.run(self._sim_handle, {"x": x})["y"])
         self.metrics.compute_duration.labels(model=self.model, device="sim-fallback").observe(time.perf_counter() - t0)
         return y, "sim-fallback"
 

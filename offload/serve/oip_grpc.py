@@ -67,7 +67,7 @@ _OTHER_CONTENTS = ("bool_contents", "int_contents", "int64_contents", "uint_cont
 
 
 def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec, max_batch: int) -> tuple[np.ndarray, bool]:
-    """The rows of a ModelInferRequest (float64 holding the FP32 values sent) and whether the
+    """The rows of a ModelInferRequest (float32, the FP32 values sent) and whether the
     input came as ``raw_input_contents`` (the answer then uses raw output contents too)."""
     if len(req.inputs) != 1:
         raise InvalidRequest(f"inputs: expected exactly 1 tensor named {inp.name!r}, got {len(req.inputs)}")
@@ -98,7 +98,7 @@ def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec
     for i, o in enumerate(req.outputs):
         if o.name != out.name:
             raise InvalidRequest(f"outputs[{i}].name: unknown output {o.name!r}; the model's output is {out.name!r}")
-    return x32.astype(np.float64), bool(raw)
+    return x32, bool(raw)
 
 
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):

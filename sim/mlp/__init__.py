@@ -88,11 +88,15 @@ def simulate(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
     return last.to_float(raw)
 
 
-def bind(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+def bind(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray], *, fp32: bool = False) -> Callable[[np.ndarray], np.ndarray]:
     """:func:`simulate` of these arguments as one prepared call: ``bind(t, layers, tensors)(x)`` is
     bit for bit ``simulate(t, layers, tensors, x)``. The fused program is looked up once, not on
     every call (about half of a one-row call's cost, before its kernel ran). ``tensors`` must
     not change from now on: the sim device binds its read-only resident copies.
+
+    ``fp32``: rows of FP32 values (float32, or float64 holding them) in, FP32 out: the call gives
+    ``simulate(...).astype(np.float32)`` bit for bit, rounded inside the compiled kernel where it
+    runs (:meth:`~offload.sim.mlp.fused.Program.run_fp32`), for a server whose wire type is FP32.
 
     Example::
 
@@ -101,12 +105,20 @@ def bind(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.n
     """
     prog = fused.program_for(input_type, layers, tensors)
     n_in = layers[0].n_in if layers else -1
+    fast = prog is not None and datapath._FAST_DENSE
 
     def run(x: np.ndarray) -> np.ndarray:
-        if prog is not None and datapath._FAST_DENSE and x.ndim == 2 and x.shape[0] > 0 and x.shape[1] == n_in:
+        if fast and x.ndim == 2 and x.shape[0] > 0 and x.shape[1] == n_in:
             y = prog.run(x)
             if y is not None:
                 return y
         return simulate(input_type, layers, tensors, x)
 
-    return run
+    def run_fp32(x: np.ndarray) -> np.ndarray:
+        if fast and x.ndim == 2 and x.shape[0] > 0 and x.shape[1] == n_in:
+            y = prog.run_fp32(x)
+            if y is not None:
+                return y
+        return simulate(input_type, layers, tensors, np.asarray(x, dtype=np.float64)).astype(np.float32)
+
+    return run_fp32 if fp32 else run

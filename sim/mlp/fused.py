@@ -184,6 +184,27 @@ class Program:
             return None
         return out
 
+    def run_fp32(self, x: np.ndarray) -> np.ndarray | None:
+        """:meth:`run` of rows holding FP32 values, its outputs rounded to FP32 (float32 [B, n_out],
+        bit for bit ``run(x).astype(np.float32)``) in the kernel's own pass; None as run.
+
+        For a server whose wire type is FP32 both ways: a writable C-contiguous float32 ``x`` is read as it
+        is (each value widens exactly to the float64 that ``run`` would quantize) and the float64
+        output of each row is rounded as it is stored, so the two NumPy conversions a batch of one
+        row otherwise costs are gone. Cold, after the caches were flushed (the server's case at one
+        connection), each such call costs several microseconds (``bench/bench_serve_appcpu.py``).
+        Any other ``x`` takes :meth:`run` and a conversion: only these two signatures are compiled.
+        """
+        flags = x.flags
+        # A read-only or misaligned array is another numba type (another compile): it takes run() too.
+        if x.dtype.char != "f" or not (flags.c_contiguous and flags.writeable and flags.aligned):  # exact for any values
+            y = self.run(x)
+            return None if y is None else y.astype(np.float32)
+        out = np.empty((x.shape[0], self.n_out), dtype=np.float32)
+        if not _run_rows(x, self.prog, self.data, self.in_scale, self.out_scale, out):
+            return None
+        return out
+
 
 def compile_program(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program | None:
     """The program of a model, or None where the compiled path does not apply (see the module doc)."""
@@ -441,14 +462,19 @@ def _warn_once() -> None:
 
 
 def warm_up() -> float:
-    """Compile the kernel (or load it from numba's disk cache); the seconds it took (0 when it was
-    already loaded or numba is missing). One kernel serves every model."""
-    if _NUMBA is None or _run_rows.signatures:
+    """Compile the kernel's two signatures (float64 rows in and out, :meth:`Program.run`; FP32
+    both ways, :meth:`Program.run_fp32`), or load them from numba's disk cache; the seconds it took
+    (0 when both were already loaded or numba is missing). One kernel serves every model."""
+    if _NUMBA is None:
         return 0.0
+    known = len(_run_rows.signatures)
     t0 = time.perf_counter()
     layer = MlpLayer("w", "dense", 1, 1, "ap_fixed<8,4>", weight="ap_fixed<8,4>", bias="ap_fixed<8,4>", accum="ap_fixed<8,4,AP_RND,AP_SAT>")
     p = compile_program("ap_fixed<8,4>", (layer,), {"w.weight": np.ones((1, 1), dtype=np.int64), "w.bias": np.zeros(1, dtype=np.int64)})
     p.run(np.zeros((1, 1)))
+    p.run_fp32(np.zeros((1, 1), dtype=np.float32))
+    if len(_run_rows.signatures) == known:  # both were there: nothing compiled or loaded
+        return 0.0
     dt = time.perf_counter() - t0
     _jit_total[0] += dt
     return dt

@@ -315,8 +315,8 @@ def test_json_rows_converted_with_their_batch_are_each_request_converted_alone(f
         assert {k: str(e) for k, e in refused.items()} == want_refused
         kept = [eager[i] for i in idx if not isinstance(eager[i], str)]
         if kept:
-            want = np.concatenate(kept, axis=0, dtype=np.float64)
-            assert x.dtype == np.float64
+            want = np.concatenate(kept, axis=0)  # float32: the FP32 values sent
+            assert x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable  # the device's compiled FP32 path takes it as it is
             np.testing.assert_array_equal(x, want)
         else:
             assert x.shape[0] == 0
@@ -333,7 +333,8 @@ def test_json_rows_mixed_with_binary_rows_keep_their_order():
     assert type(lazy) is JsonRows and len(lazy) == 3
     x, refused = stack_rows([a, lazy, a[:1]])
     assert not refused
-    np.testing.assert_array_equal(x, np.concatenate([a, j.astype(np.float32), a[:1]]).astype(np.float64))
+    assert x.dtype == np.float32
+    np.testing.assert_array_equal(x, np.concatenate([a, j.astype(np.float32), a[:1]]))
 
 
 def test_json_answers_from_a_batchs_row_texts_are_the_encoders_bytes():
@@ -490,3 +491,110 @@ def test_the_shortcut_reads_every_number_text_to_the_doubles_the_general_parser_
     assert sum(oip._common_json(b, INP, 64) is not None for b in bodies) > 150
     monkeypatch.setattr(oip, "_common_json", lambda body, inp, max_batch: None)
     assert fast == [_parsed_or_error(b) for b in bodies]
+
+
+def test_the_sim_devices_fp32_call_is_its_run_rounded_to_fp32(bundle):
+    # What the service binds: FP32 rows in, float32 outputs out, each bit pattern that of the
+    # checked run's float64 output cast to FP32; and for a kind with no bind of its own, the
+    # same rounding of its reference's outputs.
+    from _scale_add import make_inputs, make_kernel
+
+    dev = SimDevice()
+    h = dev.load(next(iter(bundle.kernels.values())))
+    x = np.random.default_rng(3).normal(scale=4.0, size=(37, 16)).astype(np.float32)
+    y = dev.bind_validated(h, fp32=True)({"x": x})["y"]
+    want = dev.run(h, {"x": x.astype(np.float64)})["y"].astype(np.float32)
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+    hs = dev.load(make_kernel())
+    inputs = make_inputs()
+    got = dev.bind_validated(hs, fp32=True)(inputs)
+    ref = dev.run(hs, inputs)
+    assert set(got) == set(ref) and all(got[k].dtype == np.float32 for k in got)
+    for k in ref:
+        np.testing.assert_array_equal(got[k], ref[k].astype(np.float32))
+    dev.close()
+
+
+def test_no_request_compiles_anything_and_every_way_in_answers_the_checked_runs_fp32(bundle):
+    # The device's load compiled both signatures of the MLP kernel; JSON rows alone and batched,
+    # on the lone-request path and on the queue, and binary rows all reach it as writable C-order
+    # float32 arrays, so no request pays a JIT. Every answer is the checked float64 run, in FP32.
+    from offload.sim.mlp import fused
+
+    svc = ScoringService(bundle, ServeConfig(device="sim"))
+    rng = np.random.default_rng(15)
+    xs = [rng.normal(scale=3.0, size=(int(rng.integers(1, 5)), 16)).astype(np.float32) for _ in range(40)]
+    json_bodies = [orjson.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}) for x in xs]
+    head = orjson.dumps({"inputs": [{"name": "x", "shape": list(xs[0].shape), "datatype": "FP32", "parameters": {"binary_data_size": xs[0].nbytes}}]})
+    binary = head + xs[0].tobytes()
+
+    async def go():
+        await svc._ensure_started()
+        before = len(fused._run_rows.signatures)
+        try:
+            alone = [await _post(svc, b) for b in json_bodies[:30]]  # past _LONELY_PASSES: the no-queue path
+            together = await asyncio.gather(*(_post(svc, b) for b in json_bodies[30:]))
+            raw = await _post(svc, binary, [(b"inference-header-content-length", str(len(head)).encode())])
+        finally:
+            await svc.batcher.stop()
+        return alone + list(together), raw, len(fused._run_rows.signatures) - before
+
+    answers, raw, compiled = asyncio.run(go())
+    assert compiled == 0
+    dev = SimDevice()
+    h = dev.load(next(iter(bundle.kernels.values())))
+    for x, (status, a) in zip(xs, answers):
+        want = dev.run(h, {"x": x.astype(np.float64)})["y"].astype(np.float32)
+        assert status == 200
+        np.testing.assert_array_equal(np.asarray(a["outputs"][0]["data"], dtype=np.float32).view(np.uint32), want.ravel().view(np.uint32))
+    assert raw[0] == 200
+    want = dev.run(h, {"x": xs[0].astype(np.float64)})["y"].astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(raw[1]["outputs"][0]["data"], dtype=np.float32), want.ravel())
+    dev.close()
+
+
+def test_a_reopened_device_is_probed_at_its_own_precision_not_the_wire_fp32():
+    # The runner rounds what it returns to FP32 (the wire type); the probe of a reopened device
+    # must compare the device's own outputs with the sim reference's, before that rounding. For
+    # a model whose outputs FP32 cannot hold, a rounded-against-exact compare would refuse every
+    # fresh handle and keep the device down for good.
+    from mlp_cases import quantize_like_hls4ml
+
+    from offload.kernels import Kernel
+    from offload.kernels.mlp import MlpSpec
+    from offload.sim.mlp import MlpLayer
+
+    rng = np.random.default_rng(16)
+    w, b = rng.normal(size=(4, 1)), rng.normal(size=1)
+    layer = MlpLayer("fc0", "dense", 4, 1, "ap_fixed<40,12>", weight="ap_fixed<16,2>", bias="ap_fixed<16,2>", accum="ap_fixed<48,20>", use_bias=True)
+    consts = {"fc0.weight": quantize_like_hls4ml(w, "ap_fixed<16,2>"), "fc0.bias": quantize_like_hls4ml(b, "ap_fixed<16,2>")}
+    spec = MlpSpec(4, "ap_fixed<16,6>", (layer,), consts)
+    kernel = Kernel("m", spec, spec.tensors())
+    probe = rng.normal(scale=3.0, size=(8, 4)).astype(np.float32).astype(np.float64)
+    dev = SimDevice()
+    y = dev.run(dev.load(kernel), {"x": probe})["y"]
+    dev.close()
+    assert not np.array_equal(y.astype(np.float32).astype(np.float64), y)  # outputs FP32 cannot hold
+    opened: list = []
+
+    def opener(s):
+        d = _NanSim() if s == "sim" and not opened else SimDevice()
+        opened.append(d)
+        return d
+
+    r = FailoverRunner(kernel, "sim", n_out=spec.n_outputs, fallback="sim", metrics=ServeMetrics(), model="m",
+                       opener=opener, reopen_backoff_s=0.01, probe=probe)
+    try:
+        got, device = r.run_inline(probe)
+        assert device == "sim-fallback" and got.dtype == np.float32
+        np.testing.assert_array_equal(got, y.astype(np.float32))
+        deadline = time.monotonic() + 10
+        while r.state != "up" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.state == "up", "the reopened device's probe was refused"
+        got, device = r.run_inline(probe)
+        assert device == "sim"
+        np.testing.assert_array_equal(got.view(np.uint32), y.astype(np.float32).view(np.uint32))
+    finally:
+        r.close()

@@ -330,3 +330,53 @@ def test_bind_is_simulate_bit_for_bit(monkeypatch):
         simmlp.simulate(spec.input_type, spec.layers, spec.tensors(), wide)
     with pytest.raises(ValueError, match="broadcast"):
         run(wide)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """float32 values as their bit patterns: -0.0 and 0.0 differ, as they do on the wire."""
+    assert a.dtype == np.float32
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def test_fp32_path_is_the_float64_path_rounded_to_fp32(monkeypatch):
+    # run_fp32 reads float32 rows as they are and rounds each output as it stores it: bit for bit
+    # the float64 path's outputs .astype(float32), on adversarial FP32 rows (ties of the input
+    # type, its limits, values far outside), on rows past the float quantization (None, as run),
+    # and through bind(fp32=True) on every kind of input it may get.
+    fused.warm_up()
+    compiled = len(fused._run_rows.signatures)
+    for seed in range(12):
+        spec, _ = random_spec(seed, narrow=seed % 2 == 0)
+        tensors = spec.tensors()
+        x32 = _inputs(np.random.default_rng(200 + seed), 300, spec.n_features, spec.input_type).astype(np.float32)
+        x64 = x32.astype(np.float64)
+        prog = fused.program_for(spec.input_type, spec.layers, tensors)
+        if prog is not None:
+            got = prog.run_fp32(x32)
+            assert got.dtype == np.float32 and got.flags.c_contiguous
+            np.testing.assert_array_equal(_bits(got), _bits(prog.run(x64).astype(np.float32)))
+            past = x32.copy()
+            past[7, 0] = 3e38  # |x * 2**F| >= 2**62: the bit-level quantization
+            assert prog.run_fp32(past) is None and prog.run(past.astype(np.float64)) is None
+        run32 = simmlp.bind(spec.input_type, spec.layers, tensors, fp32=True)
+        past = x32.copy()
+        past[::5, 0] = np.float32(3e38)
+        ro = x32.copy()
+        ro.setflags(write=False)
+        for rows in (x32[:1], x32[:64], x32, past, x64, np.asfortranarray(x32), ro, x32[::2], np.clip(x32, -6e4, 6e4).astype(np.float16)):
+            want = simmlp.simulate(spec.input_type, spec.layers, tensors, rows.astype(np.float64)).astype(np.float32)
+            np.testing.assert_array_equal(_bits(run32(rows)), _bits(want))
+        with monkeypatch.context() as m:  # the shortcuts off after binding: the general path, rounded
+            m.setattr(simmlp.datapath, "_FAST_DENSE", False)
+            np.testing.assert_array_equal(_bits(run32(x32)), _bits(_general(spec.input_type, spec.layers, tensors, x64, monkeypatch).astype(np.float32)))
+    # Layouts and dtypes other than a writable C-ordered float32 array were converted, never
+    # compiled for: no request pays a JIT that warm_up did not.
+    assert len(fused._run_rows.signatures) == compiled
+
+
+def test_warm_up_compiles_both_signatures_and_says_when_it_did_nothing():
+    fused.warm_up()
+    sigs = {tuple(str(t) for t in s) for s in fused._run_rows.signatures}
+    assert any(s[0].startswith("array(float64, 2d, C") and s[-1].startswith("array(float64, 2d, C") for s in sigs)
+    assert any(s[0].startswith("array(float32, 2d, C") and s[-1].startswith("array(float32, 2d, C") for s in sigs)
+    assert fused.warm_up() == 0.0
