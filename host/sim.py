@@ -92,7 +92,7 @@ class SimDevice:
         k = self._get(handle)
         kind = get_kind(k.kind)
         if kind.bind is not None:
-            run = kind.bind(k.spec, k.tensors, fp32)
+            run = kind.bind(k.spec, k.tensors, fp32=fp32)
         else:
             full = functools.partial(kind.run_checked or kind.reference, k.spec, k.tensors)  # run_checked: its checks are part of the one compiled pass
             run = (lambda inputs: {n: v.astype(np.float32) for n, v in full(inputs).items()}) if fp32 else full

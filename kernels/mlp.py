@@ -328,7 +328,7 @@ def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[
     return {"y": simulate(spec.input_type, spec.layers, tensors, x)}
 
 
-def bind(spec: MlpSpec, tensors: Mapping[str, np.ndarray], fp32: bool = False) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+def bind(spec: MlpSpec, tensors: Mapping[str, np.ndarray], *, fp32: bool = False) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
     """:func:`reference` for these (from now on constant) tensors as one prepared call; ``fp32``:
     inputs of FP32 values, ``y`` as float32 (see the registry's ``bind``)."""
     if fp32:

@@ -53,7 +53,7 @@ class KernelKind:
     - ``run_checked(spec, tensors, inputs)`` (optional) is ``validate`` then ``reference`` in one
       pass, bit for bit the same outputs and the same errors; devices that compute on the host use
       it when the kind has one.
-    - ``bind(spec, tensors, fp32)`` (optional) returns ``reference`` for these resident tensors as
+    - ``bind(spec, tensors, *, fp32)`` (optional) returns ``reference`` for these resident tensors as
       one prepared call, ``inputs -> outputs``, for inputs already validated; the tensors must not
       change from then on. Host-memory devices bind once per loaded kernel where the kind has one.
       With ``fp32`` true the inputs hold FP32 values (float32, or float64 holding them) and every
@@ -71,7 +71,7 @@ class KernelKind:
     tensor_shapes: Callable[[Any], Mapping[str, tuple[int, ...]]] | None = None
     prepare: Callable[[Any, Arrays], tuple[dict[str, np.ndarray], float]] | None = None
     run_checked: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]] | None = None
-    bind: Callable[[Any, Arrays, bool], Callable[[Arrays], dict[str, np.ndarray]]] | None = None
+    bind: Callable[..., Callable[[Arrays], dict[str, np.ndarray]]] | None = None  # (spec, tensors, *, fp32)
 
 
 @dataclass

@@ -160,7 +160,8 @@ class FailoverRunner:
         """The sim device's prepared reference call for this handle; None for any other device.
         The reference itself, on rows the service checked before queueing them: the device's
         per-call input check and the output check (a [rows, n_out] of finite numbers, which the
-        fixed-point reference always is) refuse nothing. Only the SimDevice class itself: a
+        fixed-point reference always is; its FP32 rounding may make a value past FP32's range an
+        infinity, as the encoders' cast did before the rounding moved here) refuse nothing. Only the SimDevice class itself: a
         subclass (a test's hostile device) may override ``run`` and must keep every check.
         FP32 both ways (``fp32=True``): the service's wire type, so its float32 rows go in as they
         are and the outputs come back rounded to FP32 by the kernel, with no NumPy conversion."""

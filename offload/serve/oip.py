@@ -188,8 +188,8 @@ def check_shape(shape: Any, inp: TensorSpec, max_batch: int) -> tuple[int, int]:
 
 
 def _tensor_data(t: dict, binary: bytes, b: int, f: int) -> tuple[np.ndarray, bool]:
-    """The rows as float32, and whether they are known to be finite. float32, not float64: the
-    batcher converts each batch once, instead of every request converting its own rows."""
+    """The rows as float32 (the FP32 values sent, which is what the batcher stacks and the sim
+    device reads), and whether they are known to be finite."""
     params = t.get("parameters") or {}
     params = _obj(params, "inputs[0].parameters")
     size = params.get("binary_data_size")

@@ -105,17 +105,16 @@ def bind(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.n
     """
     prog = fused.program_for(input_type, layers, tensors)
     n_in = layers[0].n_in if layers else -1
-    fast = prog is not None and datapath._FAST_DENSE
 
     def run(x: np.ndarray) -> np.ndarray:
-        if fast and x.ndim == 2 and x.shape[0] > 0 and x.shape[1] == n_in:
+        if prog is not None and datapath._FAST_DENSE and x.ndim == 2 and x.shape[0] > 0 and x.shape[1] == n_in:
             y = prog.run(x)
             if y is not None:
                 return y
         return simulate(input_type, layers, tensors, x)
 
     def run_fp32(x: np.ndarray) -> np.ndarray:
-        if fast and x.ndim == 2 and x.shape[0] > 0 and x.shape[1] == n_in:
+        if prog is not None and datapath._FAST_DENSE and x.ndim == 2 and x.shape[0] > 0 and x.shape[1] == n_in:
             y = prog.run_fp32(x)
             if y is not None:
                 return y

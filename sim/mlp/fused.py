@@ -9,9 +9,10 @@ across the layer's outputs.
 
 Why numba and not a g++-built helper: the same reasons as :mod:`offload.sim.embedding_fused`
 (no compiler needed where the wheel is installed, machine code cached on disk with
-``cache=True``, one Python source); and one signature serves every model: a spec becomes a
+``cache=True``, one Python source); and one kernel serves every model: a spec becomes a
 :class:`Program` (an int64 instruction vector, the weights and tables as one int64 array each), so
-the kernel compiles once per machine, never per model.
+the kernel compiles once per machine, never per model, for its two signatures (float64 rows and
+outputs, :meth:`Program.run`; FP32 both ways, :meth:`Program.run_fp32`).
 
 Integer arithmetic throughout. Every cast ``T dst = (T)src`` (product into ``accum_t``, ``accum_t``
 into ``result_t``, ...) is one branch-free rounding step and one fit::
@@ -35,7 +36,7 @@ accumulation, as a distributed-arithmetic strategy does) is a ``plain`` layer wi
 ``accum_t``.
 
 Threads: one (hls4ml's C-simulation is single-threaded, and the service already runs requests
-in parallel). JIT: one kernel for every model; :func:`warm_up` compiles it or loads it from numba's
+in parallel). JIT: one kernel for every model; :func:`warm_up` compiles both its signatures or loads them from numba's
 disk cache (``__pycache__`` beside this file, or numba's user-wide cache directory where that is not
 writable) and returns the seconds; :func:`jit_seconds` totals them. The ``mlp`` kernel kind's
 ``prepare`` calls it, so a device's ``load()`` (the service's model load among them) pays the JIT,
@@ -164,6 +165,9 @@ def _cast_block(dst: FixedType, src: FixedType, lo: int, hi: int) -> tuple[list[
     return rnd + fit, lo2, hi2
 
 
+_F32 = np.dtype(np.float32)  # native byte order
+
+
 @dataclass(frozen=True)
 class Program:
     """One (input type, layers, tensors) as the kernel's instruction vector and data."""
@@ -188,7 +192,7 @@ class Program:
         """:meth:`run` of rows holding FP32 values, its outputs rounded to FP32 (float32 [B, n_out],
         bit for bit ``run(x).astype(np.float32)``) in the kernel's own pass; None as run.
 
-        For a server whose wire type is FP32 both ways: a writable C-contiguous float32 ``x`` is read as it
+        For a server whose wire type is FP32 both ways: a writable, aligned, C-contiguous native float32 ``x`` is read as it
         is (each value widens exactly to the float64 that ``run`` would quantize) and the float64
         output of each row is rounded as it is stored, so the two NumPy conversions a batch of one
         row otherwise costs are gone. Cold, after the caches were flushed (the server's case at one
@@ -196,8 +200,9 @@ class Program:
         Any other ``x`` takes :meth:`run` and a conversion: only these two signatures are compiled.
         """
         flags = x.flags
-        # A read-only or misaligned array is another numba type (another compile): it takes run() too.
-        if x.dtype.char != "f" or not (flags.c_contiguous and flags.writeable and flags.aligned):  # exact for any values
+        # Another dtype, a byte-swapped float32 among them (numba refuses it), or a read-only or
+        # misaligned array (another numba type, another compile) takes run(): exact for any values.
+        if x.dtype != _F32 or not (flags.c_contiguous and flags.writeable and flags.aligned):
             y = self.run(x)
             return None if y is None else y.astype(np.float32)
         out = np.empty((x.shape[0], self.n_out), dtype=np.float32)

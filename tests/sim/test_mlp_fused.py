@@ -338,23 +338,48 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint32)
 
 
+def _wide_output_cases() -> list[tuple[MlpSpec, np.ndarray]]:
+    """Specs whose outputs FP32 cannot hold, with float32 rows for them, so that its rounding has
+    work: many fraction bits (ties of the float32 grid among them), and outputs in FP32's
+    subnormal range (from subnormal float32 inputs of an input type with 150 fraction bits)."""
+    from mlp_cases import quantize_like_hls4ml
+
+    rng = np.random.default_rng(31)
+    cases = []
+    for it, result, accum, scale in (("ap_fixed<18,8>", "ap_fixed<40,12>", "ap_fixed<48,20>", 3.0),
+                                     ("ap_fixed<18,8>", "ap_fixed<60,30>", "ap_fixed<60,30>", 3.0),
+                                     ("ap_fixed<24,-126>", "ap_fixed<40,-118>", "ap_fixed<60,-104>", 2.0**-129)):
+        nf, n_out = 6, 3
+        w, b = rng.normal(size=(nf, n_out)), rng.normal(size=n_out) * scale
+        layer = MlpLayer("fc0", "dense", nf, n_out, result, weight="ap_fixed<18,2>", bias=result, accum=accum, use_bias=True)
+        consts = {"fc0.weight": quantize_like_hls4ml(w, "ap_fixed<18,2>"), "fc0.bias": quantize_like_hls4ml(b, result)}
+        x = (rng.normal(size=(300, nf)) * scale).astype(np.float32)
+        cases.append((MlpSpec(nf, it, (layer,), consts), x))
+    return cases
+
+
 def test_fp32_path_is_the_float64_path_rounded_to_fp32(monkeypatch):
     # run_fp32 reads float32 rows as they are and rounds each output as it stores it: bit for bit
     # the float64 path's outputs .astype(float32), on adversarial FP32 rows (ties of the input
     # type, its limits, values far outside), on rows past the float quantization (None, as run),
-    # and through bind(fp32=True) on every kind of input it may get.
+    # and through bind(fp32=True) on every kind of input it may get. The random specs' outputs
+    # fit FP32 (their types are narrow); the wide ones' do not, so the rounding itself is tested.
     fused.warm_up()
     compiled = len(fused._run_rows.signatures)
-    for seed in range(12):
-        spec, _ = random_spec(seed, narrow=seed % 2 == 0)
+    cases = [(spec, _inputs(np.random.default_rng(200 + seed), 300, spec.n_features, spec.input_type).astype(np.float32))
+             for seed, spec in ((s, random_spec(s, narrow=s % 2 == 0)[0]) for s in range(12))]
+    rounded = subnormal = 0
+    for seed, (spec, x32) in enumerate(cases + _wide_output_cases()):
         tensors = spec.tensors()
-        x32 = _inputs(np.random.default_rng(200 + seed), 300, spec.n_features, spec.input_type).astype(np.float32)
         x64 = x32.astype(np.float64)
         prog = fused.program_for(spec.input_type, spec.layers, tensors)
+        assert prog is not None or seed < 12, "a wide spec left the compiled path"
         if prog is not None:
-            got = prog.run_fp32(x32)
+            got, y64 = prog.run_fp32(x32), prog.run(x64)
             assert got.dtype == np.float32 and got.flags.c_contiguous
-            np.testing.assert_array_equal(_bits(got), _bits(prog.run(x64).astype(np.float32)))
+            np.testing.assert_array_equal(_bits(got), _bits(y64.astype(np.float32)))
+            rounded += int((got.astype(np.float64) != y64).sum())
+            subnormal += int(((got != 0) & (np.abs(got) < np.finfo(np.float32).tiny)).sum())
             past = x32.copy()
             past[7, 0] = 3e38  # |x * 2**F| >= 2**62: the bit-level quantization
             assert prog.run_fp32(past) is None and prog.run(past.astype(np.float64)) is None
@@ -363,14 +388,17 @@ def test_fp32_path_is_the_float64_path_rounded_to_fp32(monkeypatch):
         past[::5, 0] = np.float32(3e38)
         ro = x32.copy()
         ro.setflags(write=False)
-        for rows in (x32[:1], x32[:64], x32, past, x64, np.asfortranarray(x32), ro, x32[::2], np.clip(x32, -6e4, 6e4).astype(np.float16)):
+        for rows in (x32[:1], x32[:64], x32, past, x64, np.asfortranarray(x32), ro, x32[::2], x32.astype(">f4"),
+                     np.clip(x32, -6e4, 6e4).astype(np.float16)):  # (float16: the subnormal case's rows become 0)
             want = simmlp.simulate(spec.input_type, spec.layers, tensors, rows.astype(np.float64)).astype(np.float32)
             np.testing.assert_array_equal(_bits(run32(rows)), _bits(want))
         with monkeypatch.context() as m:  # the shortcuts off after binding: the general path, rounded
             m.setattr(simmlp.datapath, "_FAST_DENSE", False)
+            m.setattr(fused.Program, "run_fp32", lambda self, x: pytest.fail("the program ran with the shortcuts off"))
             np.testing.assert_array_equal(_bits(run32(x32)), _bits(_general(spec.input_type, spec.layers, tensors, x64, monkeypatch).astype(np.float32)))
-    # Layouts and dtypes other than a writable C-ordered float32 array were converted, never
-    # compiled for: no request pays a JIT that warm_up did not.
+    assert rounded > 1000 and subnormal > 100  # the FP32 rounding had work, subnormals included
+    # Layouts and dtypes other than a writable C-ordered native float32 array were converted,
+    # never compiled for: no request pays a JIT that warm_up did not.
     assert len(fused._run_rows.signatures) == compiled
 
 
