@@ -28,6 +28,7 @@ from offload.host.sim import SimDevice
 from offload.kernels import Kernel
 from offload.serve.errors import BadDeviceOutput, DeviceAbandoned, DeviceOutputError, DeviceUnavailable
 from offload.serve.metrics import ServeMetrics
+from offload.serve.oip import as_fp32
 
 __all__ = ["FailoverRunner", "DeviceUnavailable", "deadline_for"]
 
@@ -71,17 +72,12 @@ class _Lane:
                 f.set_exception(e)
 
 
-def _fp32(y: np.ndarray) -> np.ndarray:
-    """A device's checked output as the runner returns it: FP32, the wire type (float32, C order).
-    The probe check compares the device's own output, before this rounding."""
-    return np.ascontiguousarray(y, dtype=np.float32)
-
-
 class FailoverRunner:
     """Runs batches of one kernel on a primary device with a sim fall-back.
 
     ``await run(x)`` scores a batch; its outputs are FP32 (float32 [B, n_out], C order), the
-    service's wire type, whichever device computed them. Any failure of the primary is a device fault: an exception of
+    service's wire type, whichever device computed them (:func:`~offload.serve.oip.as_fp32`; the
+    reopen probe compares a device's own outputs, before it). Any failure of the primary is a device fault: an exception of
     any kind (a binding's ``RuntimeError`` or ``OSError`` as much as a :class:`DeviceError`), a call
     past the service's deadline (abandoned), or outputs that break the model's declared output
     ``[rows, n_out]`` of finite numbers. A fault is counted, takes the primary out of service and
@@ -179,7 +175,7 @@ class FailoverRunner:
                 if fast is not None:
                     y = fast({"x": x})["y"]
                 else:
-                    y = _fp32(self._checked(dev.run(handle, {"x": x}, timeout=self.timeout_s), x.shape[0], self.device_spec))
+                    y = as_fp32(self._checked(dev.run(handle, {"x": x}, timeout=self.timeout_s), x.shape[0], self.device_spec))
                 self._compute.observe(time.perf_counter() - t0)
                 return y, self.device_spec
             except Exception as e:  # as in run(): whatever a device call raises is a device fault
@@ -205,7 +201,7 @@ class FailoverRunner:
                         f"device {self.device_spec!r}: a call ran past the service's deadline of {self.deadline_s * 1e3:.0f} ms "
                         f"(device timeout {self.timeout_s * 1e3:.0f} ms); call and handle abandoned"
                     ) from None
-                y = _fp32(self._checked(out, x.shape[0], self.device_spec))
+                y = as_fp32(self._checked(out, x.shape[0], self.device_spec))
                 self._compute.observe(time.perf_counter() - t0)
                 return y, self.device_spec
             # Whatever a device call raises is a device fault (bindings raise RuntimeError, OSError,
@@ -222,7 +218,7 @@ class FailoverRunner:
             raise DeviceUnavailable(f"device {self.device_spec!r} is {self.state}; fallback is 503" + (f" ({err})" if err else ""))
         self.metrics.fallbacks.labels(model=self.model).inc()
         t0 = time.perf_counter()
-        y = _fp32(self._sim.run(self._sim_handle, {"x": x})["y"])
+        y = as_fp32(self._sim.run(self._sim_handle, {"x": x})["y"])
         self.metrics.compute_duration.labels(model=self.model, device="sim-fallback").observe(time.perf_counter() - t0)
         return y, "sim-fallback"
 

@@ -21,7 +21,7 @@ from offload.serve.errors import InvalidRequest, RequestError
 
 __all__ = [
     "OipError", "TensorSpec", "InferRequest", "JsonRows", "parse_infer", "stack_rows", "encode_infer", "encode_json",
-    "json_row_values", "encode_json_rows", "check_shape", "HEADER_LENGTH", "JSON_HEADERS",
+    "json_row_values", "encode_json_rows", "check_shape", "as_fp32", "HEADER_LENGTH", "JSON_HEADERS",
 ]
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -335,7 +335,7 @@ def _wants_binary(req: dict, out: TensorSpec) -> bool:
 
 def encode_infer(model: str, version: str, req: InferRequest, y: np.ndarray, out: TensorSpec) -> tuple[bytes, dict[str, str]]:
     """The response body and its extra headers."""
-    y32 = _fp32(y)
+    y32 = as_fp32(y)
     tensor: dict[str, Any] = {"name": out.name, "datatype": "FP32", "shape": list(y32.shape)}
     resp: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": [tensor]}
     if req.id is not None:
@@ -352,7 +352,7 @@ def encode_infer(model: str, version: str, req: InferRequest, y: np.ndarray, out
 def encode_json(model: str, version: str, rid: str | None, y: np.ndarray, out: TensorSpec) -> bytes:
     """:func:`encode_infer`'s JSON body, byte for byte, from a cached head: everything before the
     values is the same for every response of a model with as many rows."""
-    y32 = _fp32(y)
+    y32 = as_fp32(y)
     data = orjson.dumps(y32.ravel(), option=orjson.OPT_SERIALIZE_NUMPY)
     return _json_head(model, version, out, y32.shape) + data + _json_tail(rid)
 
@@ -360,13 +360,14 @@ def encode_json(model: str, version: str, rid: str | None, y: np.ndarray, out: T
 def json_row_values(y: np.ndarray) -> list[bytes]:
     """The JSON text of each row's FP32 values (``b"0.5,0.25"``), for a whole batch in one
     encoding: row ``i`` of a batch is the same text whichever request it answers."""
-    text = orjson.dumps(_fp32(y), option=orjson.OPT_SERIALIZE_NUMPY)
+    text = orjson.dumps(as_fp32(y), option=orjson.OPT_SERIALIZE_NUMPY)
     return text[2:-2].split(b"],[")  # "[[a,b],[c,d]]": numbers hold no brackets
 
 
-def _fp32(y: np.ndarray) -> np.ndarray:
-    """``y`` as C-ordered float32: as it is when it is one already (the runner's outputs are; a
-    NumPy call costs microseconds when its code has left the caches, as at one connection)."""
+def as_fp32(y: np.ndarray) -> np.ndarray:
+    """``y`` as C-ordered float32, FP32 the wire type: as it is when it is one already (the sim
+    device's outputs are; a NumPy call costs microseconds when its code has left the caches, as
+    at one connection), else converted. The runner's outputs pass through it, and every encoder's."""
     return y if y.dtype.char == "f" and y.flags.c_contiguous else np.ascontiguousarray(y, dtype=np.float32)
 
 
