@@ -85,24 +85,9 @@ def _service(bundle: str, setting: str):
 
 
 def _child(setting: str, bundle: str, port: int, out: str) -> None:
-    import uvicorn
+    from bench_serve_appcpu import serve_timed
 
-    from bench_serve_appcpu import _timed
-
-    from offload.serve.server import _settle_gc, _uvicorn_config
-
-    samples: list[float] = []
-    server = uvicorn.Server(_uvicorn_config(_timed(_service(bundle, setting), samples), "127.0.0.1", port, 5.0, "warning"))
-    _settle_gc()
-
-    def leave(signum, frame) -> None:
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, leave)
-    try:
-        server.run()
-    finally:
-        Path(out).write_text(json.dumps(samples))
+    serve_timed(_service(bundle, setting), port, out)
 
 
 def main() -> None:

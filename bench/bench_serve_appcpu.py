@@ -64,14 +64,15 @@ def _app(kind: str, bundle: str):
     return ScoringService(offload.load(bundle), ServeConfig(device="sim", max_queue_size=4096)).app
 
 
-def _child(kind: str, bundle: str, port: int, out: str) -> None:
-    """Serves ``kind`` on ``port`` until SIGTERM, then writes its samples to ``out``."""
+def serve_timed(app, port: int, out: str) -> None:
+    """Serves ``app`` (timed per infer request) on ``port`` as ``offload serve`` would, until
+    SIGTERM; then writes the samples to ``out``."""
     import uvicorn
 
     from offload.serve.server import _settle_gc, _uvicorn_config
 
     samples: list[float] = []
-    server = uvicorn.Server(_uvicorn_config(_timed(_app(kind, bundle), samples), "127.0.0.1", port, 5.0, "warning"))
+    server = uvicorn.Server(_uvicorn_config(_timed(app, samples), "127.0.0.1", port, 5.0, "warning"))
     _settle_gc()  # as offload serve does before it serves
 
     def leave(signum, frame) -> None:  # uvicorn re-raises the SIGTERM it drained on
@@ -82,6 +83,11 @@ def _child(kind: str, bundle: str, port: int, out: str) -> None:
         server.run()
     finally:
         Path(out).write_text(json.dumps(samples))
+
+
+def _child(kind: str, bundle: str, port: int, out: str) -> None:
+    """Serves ``kind`` on ``port`` until SIGTERM, then writes its samples to ``out``."""
+    serve_timed(_app(kind, bundle), port, out)
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
