@@ -101,7 +101,7 @@ async def _with_grpc_floor(server: uvicorn.Server, grpc_port: int) -> None:
         async def ModelInfer(self, request, context):
             return const
 
-    from offload.serve.oip_grpc import TRANSPORT_OPTIONS
+    from offload.serve.grpc_aio import TRANSPORT_OPTIONS
 
     g = grpc.aio.server(options=list(TRANSPORT_OPTIONS))
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(Floor(), g)

@@ -7,22 +7,26 @@ the same latency histogram and error counter. Errors come from the one table in
 :mod:`offload.serve.errors` (its gRPC column); every response is counted in
 ``offload_grpc_responses_total{code}``.
 
-The server is ``grpc.aio`` on the event loop uvicorn runs (uvloop): no second loop or thread hands
-requests across, so a gRPC request reaches the batcher exactly as a REST one does and both
-protocols' requests share batches. grpc.aio is loop-agnostic: its completion-queue poller thread
-wakes the running loop through a socket pair, so it works on uvloop as on asyncio's own loop.
-Measured per batch-1 RPC on 2 cores, and not better: the thread-pool ``grpc.server`` handing each
-call to the loop (run_coroutine_threadsafe or call_soon_threadsafe: +100-150 us, the hand-off),
-asyncio's own loop instead of uvloop (within noise), grpclib (pure Python on h2: +100 us of server
-CPU), raw-bytes handlers (protobuf parse and build are under 10 us of the RPC), and
-GRPC_POLL_STRATEGY. What helped is one thread hop less inside grpc core:
-``offload.serve.server.GRPC_EXPERIMENTS``.
+The methods here know nothing of the transport: :class:`OipGrpc` maps each RPC's path to a
+:class:`~offload.serve.grpc_server.Method`, whose handler takes the request and a
+:class:`~offload.serve.grpc_server.Call` and ends an error with
+:class:`~offload.serve.grpc_server.GrpcError`. Two transports serve them on the event loop
+uvicorn runs (so a gRPC request reaches the batcher exactly as a REST one does, and both
+protocols' requests share batches):
 
-Limits: ``max_body_bytes`` is the largest request message (grpc core answers RESOURCE_EXHAUSTED
+- ``lean`` (the default): offload's own HTTP/2 (:mod:`offload.serve.http2`,
+  :mod:`offload.serve.grpc_server`). On 2 cores a batch-1 RPC from ``tritonclient.grpc`` costs it
+  about a third of grpc.aio's server CPU (BENCHMARKS.md), and puts gRPC at REST's latency.
+- ``grpcio``: grpc.aio (:mod:`offload.serve.grpc_aio`), grpc core's HTTP/2, for sites that
+  want Google's implementation on the wire.
+
+Limits, the same on both: ``max_body_bytes`` is the largest request message (RESOURCE_EXHAUSTED
 before any handler runs), ``grpc_max_streams`` the concurrent streams per connection (HTTP/2
-SETTINGS_MAX_CONCURRENT_STREAMS), ``max_queue_size`` the RPCs in progress at once (beyond it grpc
-answers RESOURCE_EXHAUSTED). With ``api_key`` set, every RPC but ServerLive/ServerReady (the REST
-health routes' counterparts) needs metadata ``authorization: Bearer <key>``.
+SETTINGS_MAX_CONCURRENT_STREAMS), ``max_queue_size`` the RPCs in progress at once (beyond it
+RESOURCE_EXHAUSTED). The lean transport also applies ``max_head_bytes``, ``header_timeout_s``,
+``body_timeout_s`` and ``max_connections`` as REST does (SECURITY.md). With ``api_key`` set, every
+RPC but ServerLive/ServerReady (the REST health routes' counterparts) needs metadata
+``authorization: Bearer <key>``.
 
 The port is off unless asked for (``offload serve --grpc-port N``; Triton's default is 8001): a
 second listener is a second surface to guard, so it opens only when someone will use it.
@@ -39,28 +43,21 @@ import logging
 import time
 from typing import Any
 
-import grpc
 import numpy as np
 
 from offload.serve.auth import bearer_ok
 from offload.serve.errors import ConfigError, InvalidRequest, ServeError, Unauthorized, UnknownModel, grpc_answer
+from offload.serve.grpc_server import Call, GrpcError, GrpcServer, Method
+from offload.serve.http2 import Http2Limits
+from offload.serve.httpguard import default_max_connections
 from offload.serve.oip import TensorSpec, check_shape
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
-from offload.serve.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
-__all__ = ["GrpcEndpoint", "parse_grpc_infer", "TRANSPORT_OPTIONS"]
+__all__ = ["GrpcEndpoint", "OipGrpc", "parse_grpc_infer", "SERVICE"]
 
 _log = logging.getLogger("offload.serve")
 
-# The transport settings of every gRPC listener here, the service's and the benchmark floor's.
-TRANSPORT_OPTIONS = (
-    # grpc sets SO_REUSEPORT by default on Linux: a second server would share the port silently
-    # (and get half the connections) instead of failing to start.
-    ("grpc.so_reuseport", 0),
-)
-# Not set, though tried: grpc.http2.bdp_probe=0 (within noise: chttp2's BdpEstimator pings at
-# most every 100 ms, doubling while the estimate is stable, so not per RPC) and
-# grpc.optimization_target=latency (chttp2 already treats its default, "blend", as latency).
+SERVICE = "inference.GRPCInferenceService"
 
 # Typed-contents fields other than fp32_contents: filled in an FP32 request they mean a wrong datatype.
 _OTHER_CONTENTS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents", "fp64_contents", "bytes_contents")
@@ -101,7 +98,14 @@ def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec
     return x32, bool(raw)
 
 
-class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
+class OipGrpc:
+    """The OIP v2 gRPC methods of one :class:`~offload.serve.app.ScoringService`, for any transport.
+
+    Example::
+
+        methods = OipGrpc(svc).methods()   # {"/inference.GRPCInferenceService/ModelInfer": Method(...), ...}
+    """
+
     def __init__(self, svc: Any) -> None:
         self.svc = svc
         m = svc.model
@@ -113,26 +117,40 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         tensors = lambda ts: [pb.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in ts]  # noqa: E731
         self._model_meta = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"], inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"]))
 
-    def _count(self, code: str) -> None:
+    def methods(self) -> dict[str, Method]:
+        """Every RPC this service answers, by path; the others are UNIMPLEMENTED."""
+        return {
+            f"/{SERVICE}/ServerLive": Method(pb.ServerLiveRequest, self.server_live),
+            f"/{SERVICE}/ServerReady": Method(pb.ServerReadyRequest, self.server_ready),
+            f"/{SERVICE}/ModelReady": Method(pb.ModelReadyRequest, self.model_ready),
+            f"/{SERVICE}/ServerMetadata": Method(pb.ServerMetadataRequest, self.server_metadata),
+            f"/{SERVICE}/ModelMetadata": Method(pb.ModelMetadataRequest, self.model_metadata),
+            f"/{SERVICE}/ModelInfer": Method(pb.ModelInferRequest, self.model_infer),
+        }
+
+    def count(self, code: str) -> None:
+        """``offload_grpc_responses_total{code}`` += 1 (labelled children cached: labels() locks)."""
         child = self._codes.get(code)
         if child is None:
             child = self._codes[code] = self.svc.metrics.grpc_responses.labels(code=code)
         child.inc()
 
-    async def _fail(self, context: grpc.aio.ServicerContext, err: ServeError) -> None:
-        code, kind = grpc_answer(err)
-        self._count(code)
-        self.svc.metrics.errors.labels(type=kind).inc()
-        await context.abort(grpc.StatusCode[code], str(err))
+    def refused(self, code: str) -> None:
+        """A status the transport gave before any handler ran (unknown method, oversized or
+        malformed message): counted as a response, and as an error of the matching type."""
+        self.count(code)
+        self.svc.metrics.errors.labels(type=_TRANSPORT_ERRORS.get(code, "bad_request")).inc()
 
-    def _check_auth(self, context: grpc.aio.ServicerContext) -> None:
+    def _fail(self, err: ServeError) -> GrpcError:
+        code, kind = grpc_answer(err)
+        self.count(code)
+        self.svc.metrics.errors.labels(type=kind).inc()
+        return GrpcError(code, str(err))
+
+    def _check_auth(self, call: Call) -> None:
         if self._want is None:
             return
-        got = ""
-        for k, v in context.invocation_metadata() or ():
-            if k == "authorization":  # gRPC metadata keys arrive lower-case (HTTP/2 header names)
-                got = v
-                break
+        got = call.header("authorization") or ""  # gRPC metadata keys arrive lower-case (HTTP/2 header names)
         if not bearer_ok(got.encode("latin-1", "replace"), self._want):
             raise Unauthorized(f"unauthorized: {'missing authorization metadata' if not got else 'invalid API key'}; send 'authorization: Bearer <key>'")
 
@@ -143,62 +161,63 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             raise UnknownModel(f"model {name!r} has no version {version!r}; versions: [{self._version!r}]")
 
     # -- RPCs -----------------------------------------------------------------------------------
-    async def ServerLive(self, request, context):
-        self._count("OK")
+    async def server_live(self, request, call: Call):
+        self.count("OK")
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request, context):
-        self._count("OK")
+    async def server_ready(self, request, call: Call):
+        self.count("OK")
         return pb.ServerReadyResponse(ready=self.svc.is_ready())
 
-    async def ModelReady(self, request, context):
+    async def model_ready(self, request, call: Call):
         try:
-            self._check_auth(context)
+            self._check_auth(call)
             self._check_model(request.name, request.version)
         except ServeError as e:
-            await self._fail(context, e)
-        self._count("OK")
+            raise self._fail(e) from None
+        self.count("OK")
         return pb.ModelReadyResponse(ready=self.svc.is_ready())
 
-    async def ServerMetadata(self, request, context):
+    async def server_metadata(self, request, call: Call):
         from offload import __version__
 
         try:
-            self._check_auth(context)
+            self._check_auth(call)
         except ServeError as e:
-            await self._fail(context, e)
-        self._count("OK")
+            raise self._fail(e) from None
+        self.count("OK")
         return pb.ServerMetadataResponse(name="offload", version=__version__, extensions=["binary_tensor_data"])
 
-    async def ModelMetadata(self, request, context):
+    async def model_metadata(self, request, call: Call):
         try:
-            self._check_auth(context)
+            self._check_auth(call)
             self._check_model(request.name, request.version)
         except ServeError as e:
-            await self._fail(context, e)
-        self._count("OK")
+            raise self._fail(e) from None
+        self.count("OK")
         return self._model_meta
 
-    async def ModelInfer(self, request, context):
+    async def model_infer(self, request, call: Call):
         t0 = time.perf_counter()
         svc = self.svc
         model = svc.model
         try:
-            self._check_auth(context)
+            self._check_auth(call)
             self._check_model(request.model_name, request.model_version)
             x, raw = parse_grpc_infer(request, model.input, model.output, svc.config.max_batch_size)
             y = await svc.infer_rows(x)
         except ServeError as e:
             self._hist.observe(time.perf_counter() - t0)
-            await self._fail(context, e)
+            raise self._fail(e) from None
         except asyncio.CancelledError:
-            # grpc.aio cancels this task when the client's deadline passes or the client cancels
-            # (aio/server.pyx.pxi, _handle_cancellation_from_core); grpc core answers the status
-            # itself, so it is counted here or never. Not an offload_errors_total: the service
-            # did not fail, the client stopped waiting (the batcher drops the abandoned rows).
+            # Cancelled when the client's deadline passes or the client cancels (grpc.aio:
+            # aio/server.pyx.pxi, _handle_cancellation_from_core; the lean transport: a reset
+            # stream or its own deadline timer); the transport answers the status, so it is
+            # counted here or never. Not an offload_errors_total: the service did not fail, the
+            # client stopped waiting (the batcher drops the abandoned rows).
             self._hist.observe(time.perf_counter() - t0)
-            left = context.time_remaining()
-            self._count("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
+            left = call.time_remaining()
+            self.count("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
             raise
         y32 = np.ascontiguousarray(y, dtype="<f4")
         out = pb.ModelInferResponse.InferOutputTensor(name=model.output.name, datatype="FP32", shape=y32.shape)
@@ -208,36 +227,47 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             out.contents.fp32_contents.extend(y32.ravel().tolist())
             resp = pb.ModelInferResponse(model_name=self._name, model_version=self._version, id=request.id, outputs=[out])
         self._hist.observe(time.perf_counter() - t0)
-        self._count("OK")
+        self.count("OK")
         return resp
 
 
+# The error type (offload_errors_total{type}) of a status the transport gives by itself.
+_TRANSPORT_ERRORS = {"RESOURCE_EXHAUSTED": "too_large", "UNIMPLEMENTED": "bad_request", "INTERNAL": "bad_request"}
+
+
 class GrpcEndpoint:
-    """The gRPC listener of one :class:`~offload.serve.app.ScoringService`, on its event loop."""
+    """The gRPC listener of one :class:`~offload.serve.app.ScoringService`, on its event loop,
+    over the transport ``config.grpc_server`` names."""
 
     def __init__(self, svc: Any, host: str, port: int) -> None:
         self.svc = svc
         self.host, self.port = host, port
-        self._server: grpc.aio.Server | None = None
+        self.oip = OipGrpc(svc)
+        self._server: Any = None
 
     async def start(self) -> None:
         cfg = self.svc.config
-        server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", cfg.max_body_bytes), ("grpc.max_concurrent_streams", cfg.grpc_max_streams), *TRANSPORT_OPTIONS],
-            maximum_concurrent_rpcs=cfg.max_queue_size,
-        )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self.svc), server)
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        if cfg.grpc_server == "lean":
+            limits = Http2Limits(
+                max_streams=cfg.grpc_max_streams,
+                max_header_bytes=cfg.max_head_bytes,
+                max_body_bytes=cfg.max_body_bytes,
+                header_timeout_s=cfg.header_timeout_s,
+                body_timeout_s=cfg.body_timeout_s,
+                max_connections=cfg.max_connections or default_max_connections(),
+            )
+            server: Any = GrpcServer(self.oip.methods(), limits, max_rpcs=cfg.max_queue_size, on_status=self.oip.refused)
+        else:
+            from offload.serve.grpc_aio import AioServer  # imports grpc: only when asked for
+
+            server = AioServer(SERVICE, self.oip.methods(), max_message_bytes=cfg.max_body_bytes, max_streams=cfg.grpc_max_streams, max_rpcs=cfg.max_queue_size)
         try:
-            bound = server.add_insecure_port(f"{host}:{self.port}")
-        except RuntimeError as e:  # grpcio >= 1.5x raises where it once returned 0
+            bound = await server.start(self.host, self.port)
+        except OSError as e:
             raise ConfigError(f"grpc_port={self.port}: cannot listen on {self.host} ({e})") from None
-        if bound == 0:
-            raise ConfigError(f"grpc_port={self.port}: cannot listen on {self.host}")
         self.port = bound
-        await server.start()
         self._server = server
-        _log.info("gRPC (OIP v2) listening on %s:%d", self.host, bound)
+        _log.info("gRPC (OIP v2, %s) listening on %s:%d", cfg.grpc_server, self.host, bound)
 
     async def stop(self, grace_s: float) -> None:
         """Refuses new RPCs and answers those in progress (up to ``grace_s``)."""

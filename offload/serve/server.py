@@ -106,7 +106,7 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
     """Serves ``bundle`` until SIGTERM/SIGINT. Then readiness goes off, the listener closes, and
     every request already read is answered (result, 504 or 503) within ``config.drain_timeout_s``.
     With ``grpc_port``, the OIP v2 gRPC service listens there too, on the same host, event loop
-    and batcher (offload/serve/oip_grpc.py).
+    and batcher, over ``config.grpc_server``'s transport (offload/serve/oip_grpc.py).
 
     Example::
 
@@ -116,7 +116,8 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
     check_port(port)
     if grpc_port is not None:
         check_port(grpc_port)
-        grpc_core_env()  # before anything imports grpc
+        if config.grpc_server == "grpcio":
+            grpc_core_env()  # before anything imports grpc
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not is_loopback(host):
         logging.getLogger("offload.serve").warning("binding %s: the service is reachable from the network%s", host, "" if config.api_key else " WITHOUT an API key")
