@@ -514,7 +514,7 @@ class Http2Connection(asyncio.Protocol):
                 s.chunks.append(body)
         if flags & END_STREAM:
             self._remote_end(s)
-        elif s.recv_window < STREAM_WINDOW // 2 and sid in self._streams:
+        elif s.state == "recv" and s.recv_window < STREAM_WINDOW // 2:  # a discarded body gets no more room
             self._emit(_frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", STREAM_WINDOW - s.recv_window)))
             s.recv_window = STREAM_WINDOW
 
