@@ -5,11 +5,13 @@ does; orjson; the same OIP parser and encoder):
 - ``naive``: the float torch model called once per request, in the request handler, no batching.
 - ``floor``: a trivial endpoint that reads the body and returns a constant OIP response: the
   cost of the HTTP round trip alone. With ``--grpc-port`` the same process also answers the OIP
-  v2 gRPC ModelInfer with a constant (grpc.aio on the same uvloop, with the same transport options
-  and grpc core settings as ``offload serve``): the cost of the gRPC round trip alone.
+  v2 gRPC ModelInfer with a constant on the same uvloop, over the lean transport
+  (offload/serve/grpc_server.py, ``offload serve``'s default), and with ``--grpcio-port`` over
+  grpc.aio (the same transport options and grpc core settings as ``offload serve --grpc-server
+  grpcio``): the cost of each gRPC round trip alone.
 
     python bench/_serve_baselines.py naive WEIGHTS.npz --port 8001
-    python bench/_serve_baselines.py floor --port 8002 [--grpc-port 8003]
+    python bench/_serve_baselines.py floor --port 8002 [--grpc-port 8003] [--grpcio-port 8004]
 """
 
 from __future__ import annotations
@@ -89,28 +91,32 @@ def _app(infer):
     return app
 
 
-async def _with_grpc_floor(server: uvicorn.Server, grpc_port: int) -> None:
-    import grpc
-
+async def _with_grpc_floors(server: uvicorn.Server, lean_port: int | None, grpcio_port: int | None) -> None:
+    from offload.serve.grpc_server import GrpcServer, Method
+    from offload.serve.http2 import Http2Limits
+    from offload.serve.oip_grpc import SERVICE
     from offload.serve.proto import grpc_predict_v2_pb2 as pb
-    from offload.serve.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
     const = pb.ModelInferResponse(model_name="risk", model_version="1", outputs=[pb.ModelInferResponse.InferOutputTensor(name="y", datatype="FP32", shape=[1, 1])], raw_output_contents=[np.float32(0.5).tobytes()])
 
-    class Floor(pb_grpc.GRPCInferenceServiceServicer):
-        async def ModelInfer(self, request, context):
-            return const
+    async def infer(request, call):
+        return const
 
-    from offload.serve.grpc_aio import TRANSPORT_OPTIONS
+    methods = {f"/{SERVICE}/ModelInfer": Method(pb.ModelInferRequest, infer)}
+    servers = []
+    if lean_port is not None:
+        servers.append((GrpcServer(methods, Http2Limits(), max_rpcs=1024), lean_port))
+    if grpcio_port is not None:
+        from offload.serve.grpc_aio import AioServer
 
-    g = grpc.aio.server(options=list(TRANSPORT_OPTIONS))
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(Floor(), g)
-    g.add_insecure_port(f"127.0.0.1:{grpc_port}")
-    await g.start()
+        servers.append((AioServer(SERVICE, methods, max_message_bytes=4 << 20, max_streams=128, max_rpcs=1024), grpcio_port))
+    for g, port in servers:
+        await g.start("127.0.0.1", port)
     try:
         await server.serve()
     finally:
-        await g.stop(1.0)
+        for g, _ in servers:
+            await g.stop(1.0)
 
 
 def main() -> None:
@@ -118,17 +124,18 @@ def main() -> None:
     ap.add_argument("kind", choices=["naive", "floor"])
     ap.add_argument("weights", nargs="?")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--grpc-port", type=int, default=None, help="floor only: also a constant gRPC ModelInfer")
+    ap.add_argument("--grpc-port", type=int, default=None, help="floor only: also a constant gRPC ModelInfer (lean transport)")
+    ap.add_argument("--grpcio-port", type=int, default=None, help="floor only: also a constant gRPC ModelInfer on grpc.aio")
     a = ap.parse_args()
     app = naive_app(a.weights) if a.kind == "naive" else floor_app()
     server = uvicorn.Server(_uvicorn_config(app, "127.0.0.1", a.port, 5.0, "warning"))
-    if a.grpc_port is None:
+    if a.grpc_port is None and a.grpcio_port is None:
         server.run()
     else:
         import uvloop
 
-        grpc_core_env()  # as serve() sets it: the same grpc core I/O path as the service
-        uvloop.run(_with_grpc_floor(server, a.grpc_port))
+        grpc_core_env()  # as serve() sets it for grpcio: the same grpc core I/O path as the service
+        uvloop.run(_with_grpc_floors(server, a.grpc_port, a.grpcio_port))
 
 
 if __name__ == "__main__":

@@ -84,11 +84,12 @@ class Call:
         call.time_remaining()          # seconds, or None without a deadline
     """
 
-    __slots__ = ("_headers", "_deadline")
+    __slots__ = ("_headers", "_deadline", "_expired")
 
     def __init__(self, headers: list[tuple[bytes, bytes]], deadline: float | None) -> None:
         self._headers = headers
         self._deadline = deadline
+        self._expired = False
 
     def header(self, name: str) -> str | None:
         """The first value of metadata ``name`` (lower-case), or None."""
@@ -99,7 +100,15 @@ class Call:
         return None
 
     def time_remaining(self) -> float | None:
-        return None if self._deadline is None else self._deadline - time.monotonic()
+        if self._deadline is None:
+            return None
+        return 0.0 if self._expired else self._deadline - time.monotonic()
+
+    def _expire(self, task: asyncio.Task) -> None:
+        # The loop's timers may fire a little before the clock reaches the deadline (libuv
+        # counts from the time it cached at the start of the pass): once this fires, the deadline has passed.
+        self._expired = True
+        task.cancel()
 
 
 def percent_encode(message: str) -> bytes:
@@ -189,7 +198,8 @@ class _App:
         # The handler starts here and now, inside the read: an RPC that needs no wait (the batcher's
         # lonely leader on the sim device) is answered in the same write as the read's other
         # frames, with no task and no extra pass of the loop. One that waits goes on in a task.
-        coro = self._run(conn, sid, m, request, Call(headers, deadline))
+        call = Call(headers, deadline)
+        coro = self._run(conn, sid, m, request, call)
         try:
             step = coro.send(None)
         except StopIteration:
@@ -197,7 +207,7 @@ class _App:
         loop = asyncio.get_running_loop()
         task = self.tasks[conn, sid] = loop.create_task(_resume(coro, step))
         if deadline is not None:  # the deadline cancels the handler, as grpc core's server does
-            timer = loop.call_later(max(deadline - time.monotonic(), 0.0), task.cancel)
+            timer = loop.call_later(max(deadline - time.monotonic(), 0.0), call._expire, task)
             task.add_done_callback(lambda _: timer.cancel())
 
     def _message(self, body: bytes, encoding: bytes | None) -> bytes:
