@@ -8,10 +8,12 @@ does; orjson; the same OIP parser and encoder):
   v2 gRPC ModelInfer with a constant on the same uvloop, over the lean transport
   (offload/serve/grpc_server.py, ``offload serve``'s default), and with ``--grpcio-port`` over
   grpc.aio (the same transport options and grpc core settings as ``offload serve --grpc-server
-  grpcio``): the cost of each gRPC round trip alone.
+  grpcio``), and with ``--h2-port`` over a connection of ``h2`` (python-hyper's HTTP/2 state
+  machine, the library the lean transport does not use, answering the same constant): the cost of
+  each gRPC round trip alone.
 
     python bench/_serve_baselines.py naive WEIGHTS.npz --port 8001
-    python bench/_serve_baselines.py floor --port 8002 [--grpc-port 8003] [--grpcio-port 8004]
+    python bench/_serve_baselines.py floor --port 8002 [--grpc-port 8003] [--grpcio-port 8004] [--h2-port 8005]
 """
 
 from __future__ import annotations
@@ -91,7 +93,39 @@ def _app(infer):
     return app
 
 
-async def _with_grpc_floors(server: uvicorn.Server, lean_port: int | None, grpcio_port: int | None) -> None:
+def _h2_floor(answer: bytes):
+    """A protocol answering every gRPC request with ``answer`` on an ``h2`` connection, as lean
+    as h2 allows (no header validation or normalisation, flow control acknowledged as read)."""
+    import asyncio
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    cfg = h2.config.H2Configuration(client_side=False, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False, validate_inbound_headers=False, normalize_inbound_headers=False)
+    head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    trailers = [(b"grpc-status", b"0")]
+
+    class Floor(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.t, self.c = transport, h2.connection.H2Connection(cfg)
+            self.c.initiate_connection()
+            transport.write(self.c.data_to_send())
+
+        def data_received(self, data):
+            for ev in self.c.receive_data(data):
+                if isinstance(ev, h2.events.DataReceived):
+                    self.c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                elif isinstance(ev, h2.events.StreamEnded):
+                    self.c.send_headers(ev.stream_id, head)
+                    self.c.send_data(ev.stream_id, answer)
+                    self.c.send_headers(ev.stream_id, trailers, end_stream=True)
+            self.t.write(self.c.data_to_send())
+
+    return Floor
+
+
+async def _with_grpc_floors(server: uvicorn.Server, lean_port: int | None, grpcio_port: int | None, h2_port: int | None = None) -> None:
     from offload.serve.grpc_server import GrpcServer, Method
     from offload.serve.http2 import Http2Limits
     from offload.serve.oip_grpc import SERVICE
@@ -112,11 +146,19 @@ async def _with_grpc_floors(server: uvicorn.Server, lean_port: int | None, grpci
         servers.append((AioServer(SERVICE, methods, max_message_bytes=4 << 20, max_streams=128, max_rpcs=1024), grpcio_port))
     for g, port in servers:
         await g.start("127.0.0.1", port)
+    h2_server = None
+    if h2_port is not None:
+        import asyncio
+
+        out = const.SerializeToString()
+        h2_server = await asyncio.get_running_loop().create_server(_h2_floor(b"\0" + len(out).to_bytes(4, "big") + out), "127.0.0.1", h2_port)
     try:
         await server.serve()
     finally:
         for g, _ in servers:
             await g.stop(1.0)
+        if h2_server is not None:
+            h2_server.close()
 
 
 def main() -> None:
@@ -126,16 +168,17 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--grpc-port", type=int, default=None, help="floor only: also a constant gRPC ModelInfer (lean transport)")
     ap.add_argument("--grpcio-port", type=int, default=None, help="floor only: also a constant gRPC ModelInfer on grpc.aio")
+    ap.add_argument("--h2-port", type=int, default=None, help="floor only: also a constant gRPC ModelInfer on an h2 connection")
     a = ap.parse_args()
     app = naive_app(a.weights) if a.kind == "naive" else floor_app()
     server = uvicorn.Server(_uvicorn_config(app, "127.0.0.1", a.port, 5.0, "warning"))
-    if a.grpc_port is None and a.grpcio_port is None:
+    if a.grpc_port is None and a.grpcio_port is None and a.h2_port is None:
         server.run()
     else:
         import uvloop
 
         grpc_core_env()  # as serve() sets it for grpcio: the same grpc core I/O path as the service
-        uvloop.run(_with_grpc_floors(server, a.grpc_port, a.grpcio_port))
+        uvloop.run(_with_grpc_floors(server, a.grpc_port, a.grpcio_port, a.h2_port))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ rounds (the order flips every round), so every row sees the same machine load. p
 rounds, server CPU per request and the client's own CPU per request (this process, all its
 threads: with one request in flight it is on every call's critical path). Also measured: a second
 ``offload serve --grpc-server grpcio`` process (gRPC on grpc.aio, the transport before the lean
-one), and each stack's floor (``_serve_baselines.py floor --grpc-port --grpcio-port``: constant
-answers on the same stacks), which bounds what the service could reach on it; the clients' CPU
+one), and each stack's floor (``_serve_baselines.py floor --grpc-port --grpcio-port --h2-port``:
+constant answers on the same stacks, h2's HTTP/2 among them), which bounds what the service could reach on it; the clients' CPU
 against the floors is each stock client's own cost, which no server takes away.
 
     .venv/bin/python bench/bench_serve.py --protocols [--rounds 20] [--per-round 250]
@@ -228,14 +228,15 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     from offload.examples.risk import make_transactions
 
     port, gport, fport, fgport = _port(), _port(), _port(), _port()
-    aport, agport, faport = _port(), _port(), _port()
+    aport, agport, faport, fhport = _port(), _port(), _port(), _port()
     proc = _start([sys.executable, "-m", "offload.cli", "serve", str(bundle), "--port", str(port), "--grpc-port", str(gport), "--device", "sim"], port)
     aio = _start([sys.executable, "-m", "offload.cli", "serve", str(bundle), "--port", str(aport), "--grpc-port", str(agport), "--grpc-server", "grpcio", "--device", "sim"], aport)
-    floor = _start([sys.executable, "bench/_serve_baselines.py", "floor", "--port", str(fport), "--grpc-port", str(fgport), "--grpcio-port", str(faport)], fport)
+    floor = _start([sys.executable, "bench/_serve_baselines.py", "floor", "--port", str(fport), "--grpc-port", str(fgport), "--grpcio-port", str(faport), "--h2-port", str(fhport)], fport)
     x = make_transactions(per_round, 11)[0].astype(np.float32)
     gc_, hc = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}"), thttp.InferenceServerClient(f"127.0.0.1:{port}")
     fgc, fhc = tgrpc.InferenceServerClient(f"127.0.0.1:{fgport}"), thttp.InferenceServerClient(f"127.0.0.1:{fport}")
     agc, fagc = tgrpc.InferenceServerClient(f"127.0.0.1:{agport}"), tgrpc.InferenceServerClient(f"127.0.0.1:{faport}")
+    fh2c = tgrpc.InferenceServerClient(f"127.0.0.1:{fhport}")
     g_in, h_in = [], []
     for i in range(per_round):  # inputs built up front: the clock covers the call alone
         gi = tgrpc.InferInput("x", [1, 16], "FP32")
@@ -253,8 +254,9 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
         "grpc_floor": lambda i: fgc.infer("risk", g_in[i]),
         "rest_floor": lambda i: fhc.infer("risk", h_in[i]),
         "grpcio_floor": lambda i: fagc.infer("risk", g_in[i]),
+        "h2_floor": lambda i: fh2c.infer("risk", g_in[i]),
     }
-    pid = {"grpc": proc.pid, "rest_binary": proc.pid, "grpc_grpcio": aio.pid, "grpc_floor": floor.pid, "rest_floor": floor.pid, "grpcio_floor": floor.pid}
+    pid = {"grpc": proc.pid, "rest_binary": proc.pid, "grpc_grpcio": aio.pid, "grpc_floor": floor.pid, "rest_floor": floor.pid, "grpcio_floor": floor.pid, "h2_floor": floor.pid}
     lat: dict[str, list[float]] = {k: [] for k in calls}
     cpu: dict[str, float] = {k: 0.0 for k in calls}
     ccpu: dict[str, float] = {k: 0.0 for k in calls}  # this process: the client's own cost
@@ -276,7 +278,7 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
                 lat[k] += one
                 round_p50[k].append(float(np.median(one)) * 1e6)
     finally:
-        for c in (gc_, hc, fgc, fhc, agc, fagc):
+        for c in (gc_, hc, fgc, fhc, agc, fagc, fh2c):
             c.close()
         _stop((proc, aio, floor))
     out = {}
