@@ -13,8 +13,11 @@ frame INTERNAL, a missed deadline DEADLINE_EXCEEDED; a non-POST is HTTP 405 and 
 content-type HTTP 415, as the protocol document asks.
 
 Handlers are ``async def handler(request, call) -> response``; they end an RPC with a status by
-raising :class:`GrpcError`. Each call runs in its own task, cancelled when the client resets the
-stream, the connection drops or the deadline passes.
+raising :class:`GrpcError`. A handler starts inside the read that completed its request, in a
+context of its own (``contextvars``), and goes on in a task of that context at its first wait, so
+an RPC that needs none is answered with no task and no pass of the event loop; until that first
+wait ``asyncio.current_task()`` is None. It is cancelled when the client resets the stream, the
+connection drops or the deadline passes.
 
 Example::
 
@@ -27,6 +30,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import dataclasses
+import functools
 import logging
 import time
 import types
@@ -200,15 +206,33 @@ class _App:
         # frames, with no task and no extra pass of the loop. One that waits goes on in a task.
         call = Call(headers, deadline)
         coro = self._run(conn, sid, m, request, call)
+        ctx = contextvars.copy_context()  # what the handler sets stays its own, across its waits
         try:
-            step = coro.send(None)
+            step = ctx.run(coro.send, None)
         except StopIteration:
             return
-        loop = asyncio.get_running_loop()
-        task = self.tasks[conn, sid] = loop.create_task(_resume(coro, step))
+        task = self._continue(conn, sid, coro, step, ctx)
         if deadline is not None:  # the deadline cancels the handler, as grpc core's server does
-            timer = loop.call_later(max(deadline - time.monotonic(), 0.0), call._expire, task)
+            timer = asyncio.get_running_loop().call_later(max(deadline - time.monotonic(), 0.0), call._expire, task)
             task.add_done_callback(lambda _: timer.cancel())
+
+    def _continue(self, conn: Http2Connection, sid: int, coro, step, ctx: contextvars.Context) -> asyncio.Task:
+        """The rest of a started handler, in a task."""
+        task = self.tasks[conn, sid] = asyncio.get_running_loop().create_task(_resume(coro, step), context=ctx)
+        task.add_done_callback(functools.partial(self._unstarted, conn, sid, coro, ctx))
+        return task
+
+    def _unstarted(self, conn: Http2Connection, sid: int, coro, ctx: contextvars.Context, task: asyncio.Task) -> None:
+        """A task cancelled before its first step (a reset in the same read as the request) never
+        ran ``_resume``, so the handler never heard of it: tell it now, and let it clean up (in a
+        task again if it waits while doing so)."""
+        if coro.cr_frame is None:  # it ran to its end
+            return
+        try:
+            step = ctx.run(coro.throw, asyncio.CancelledError())
+        except StopIteration:
+            return
+        self._continue(conn, sid, coro, step, ctx)
 
     def _message(self, body: bytes, encoding: bytes | None) -> bytes:
         """The one message of a unary request's body."""
@@ -273,15 +297,16 @@ class _App:
             conn.respond(sid, _HEAD_OK, b"\x00" + len(out).to_bytes(4, "big") + out, _TRAILERS_OK)
         finally:
             self.tasks.pop((conn, sid), None)
-            self.server._idle_check()
 
 
 class GrpcServer:
     """gRPC unary methods on the running loop (see the module docstring).
 
-    ``methods`` maps ``/<package>.<Service>/<Method>`` to a :class:`Method`; ``max_rpcs`` bounds the
-    RPCs in progress across connections; ``on_status(code)`` hears every status the server gives
-    without a handler (unknown method, refused or malformed message), so metrics see them.
+    ``methods`` maps ``/<package>.<Service>/<Method>`` to a :class:`Method`; ``limits`` are each
+    connection's, ``limits.max_body_bytes`` the largest request message (its 5-byte gRPC prefix
+    comes on top); ``max_rpcs`` bounds the RPCs in progress across connections; ``on_status(code)``
+    hears every status the server gives without a handler (unknown method, refused or malformed
+    message), so metrics see them.
     """
 
     def __init__(self, methods: dict[str, Method], limits: Http2Limits, *, max_rpcs: int, on_status: Callable[[str], None] = lambda code: None) -> None:
@@ -292,12 +317,13 @@ class GrpcServer:
         self._app = _App(self)
         self._conns: set[Http2Connection] = set()
         self._server: asyncio.AbstractServer | None = None
-        self._idle: asyncio.Event | None = None
+        # A body is one message and its prefix.
+        self._conn_limits = dataclasses.replace(limits, max_body_bytes=limits.max_body_bytes + 5)
 
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host:port`` (0: any free port); returns the port. Raises ``OSError``."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Http2Connection(self._app, self.limits, self._conns), host, port, backlog=4096)
+        self._server = await loop.create_server(lambda: Http2Connection(self._app, self._conn_limits, self._conns), host, port, backlog=4096)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace_s: float) -> None:
@@ -306,25 +332,17 @@ class GrpcServer:
         if self._server is None:
             return
         self._server.close()
-        self._idle = asyncio.Event()
         for c in list(self._conns):
             c.goaway()
-        self._idle_check()
         loop = asyncio.get_running_loop()
         end = loop.time() + grace_s
-        try:
-            await asyncio.wait_for(self._idle.wait(), grace_s)
-        except asyncio.TimeoutError:
-            for t in list(self._app.tasks.values()):
-                t.cancel()
-            for c in list(self._conns):
-                if c.transport is not None:
-                    c.transport.abort()
-        # Every connection is closing now: let asyncio hand their last answers to the kernel.
+        # Connections close themselves once their streams are answered (and their answers read:
+        # Http2Connection._close); checked every 5 ms, only while stopping.
         while self._conns and loop.time() < end:
             await asyncio.sleep(0.005)
+        for t in list(self._app.tasks.values()):
+            t.cancel()
+        for c in list(self._conns):
+            if c.transport is not None:
+                c.transport.abort()
         self._server = None
-
-    def _idle_check(self) -> None:
-        if self._idle is not None and not self._app.tasks and not any(c.busy for c in self._conns):
-            self._idle.set()

@@ -69,11 +69,14 @@ MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65535
 DEFAULT_FRAME = 16384
 MAX_FRAME = 2**24 - 1
-# The receive windows this side gives: a stream's (SETTINGS_INITIAL_WINDOW_SIZE) and the
-# connection's. Replenished when half is used, so a small request never costs a WINDOW_UPDATE.
+# The receive window this side gives a stream (SETTINGS_INITIAL_WINDOW_SIZE), replenished while
+# its request is read, when half is used: a small request never costs a WINDOW_UPDATE. The
+# connection's window is two bodies of ``max_body_bytes`` (at least this), replenished only as
+# requests are taken whole or dropped, so that is what a connection's unfinished requests can hold.
 STREAM_WINDOW = 1 << 20
-CONN_WINDOW = 1 << 24
 _CALM_RESETS = 1000  # resets + refusals a connection may cause in one second
+_MAX_FRAGMENTS = 32  # frames one header block may come in (HEADERS + CONTINUATION)
+_LINGER_S = 1.0  # after our last frame: how long the peer's last frames are read before closing
 
 
 class ErrorCode:
@@ -107,6 +110,7 @@ class Http2Limits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int = 65536  # open connections on the listener; past it a new one gets GOAWAY
+    idle_timeout_s: float = 300.0  # a connection with no stream for this long gets GOAWAY (NO_ERROR)
 
 
 class App(Protocol):
@@ -226,14 +230,16 @@ def _frame(typ: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
 
 
 class _Stream:
-    __slots__ = ("sid", "headers", "block", "chunks", "size", "recv_window", "send_window", "opened", "state", "remote_open", "pending", "trailers")
+    __slots__ = ("sid", "headers", "block", "block_bytes", "chunks", "size", "held", "recv_window", "send_window", "opened", "state", "remote_open", "pending", "trailers")
 
     def __init__(self, sid: int, send_window: int, opened: float) -> None:
         self.sid = sid
         self.headers: list[tuple[bytes, bytes]] | None = None
         self.block: list[bytes] = []  # header block fragments until END_HEADERS
+        self.block_bytes = 0
         self.chunks: list[bytes] = []
         self.size = 0
+        self.held = 0  # flow-controlled bytes of this request not yet given back to the connection window
         self.recv_window = STREAM_WINDOW
         self.send_window = send_window
         self.opened = opened
@@ -268,7 +274,8 @@ class Http2Connection(asyncio.Protocol):
         self._cont: _Stream | None = None  # the stream whose header block continues
         self._cont_end = False  # END_STREAM on the HEADERS frame that opened the block
         self._decoder = HeaderDecoder(limits.max_header_bytes)
-        self._recv_conn = CONN_WINDOW
+        self._conn_window = max(2 * limits.max_body_bytes + 65536, STREAM_WINDOW)
+        self._recv_conn = self._conn_window
         self._recv_unacked = 0
         self._send_conn = DEFAULT_WINDOW
         self._peer_window = DEFAULT_WINDOW
@@ -277,6 +284,9 @@ class Http2Connection(asyncio.Protocol):
         self._closing = False  # GOAWAY sent or received: no new streams
         self._goaway_sid = MAX_WINDOW
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._last_active = time.monotonic()  # when a stream last opened or ended
+        self._linger: asyncio.TimerHandle | None = None
         self._resets = 0
         self._reset_window = 0.0
         self._closed = False  # transport.close() called: nothing more is read or sent
@@ -298,15 +308,16 @@ class Http2Connection(asyncio.Protocol):
             S_MAX_HEADER_LIST_SIZE, lim.max_header_bytes,
             S_ENABLE_PUSH, 0,
         )  # fmt: skip
-        transport.write(_frame(SETTINGS, 0, 0, settings) + _frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", CONN_WINDOW - DEFAULT_WINDOW)))
-        self._timer = asyncio.get_running_loop().call_later(lim.header_timeout_s, self._expire)
+        transport.write(_frame(SETTINGS, 0, 0, settings) + _frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._conn_window - DEFAULT_WINDOW)))
+        self._arm(time.monotonic() + lim.header_timeout_s)
 
     def connection_lost(self, exc) -> None:
         if self._registry is not None:
             self._registry.discard(self)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for t in (self._timer, self._linger):
+            if t is not None:
+                t.cancel()
+        self._timer = self._linger = None
         held = [s.sid for s in self._streams.values() if s.state in ("app", "discard")]
         self._streams.clear()
         self.transport = None
@@ -323,7 +334,12 @@ class Http2Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.resume_reading()
 
+    def eof_received(self) -> None:
+        return None  # the peer is done sending: asyncio closes the transport
+
     def data_received(self, data: bytes) -> None:
+        if self._closed:  # lingering after our last frame: what the peer still sends is dropped
+            return
         buf = self._buf + data if self._buf else data
         out = self._out = []
         try:
@@ -430,9 +446,10 @@ class Http2Connection(asyncio.Protocol):
                 self._last_sid = sid
                 s = _Stream(sid, self._peer_window, time.monotonic())
                 self._streams[sid] = s
+                self._last_active = s.opened
                 if sid > self._goaway_sid or len(self._streams) + len(self._released) > self.limits.max_streams:
                     s.state = "refused"
-                elif self._timer is None:
+                elif s.opened + self.limits.body_timeout_s < self._timer_at:
                     self._arm(s.opened + self.limits.body_timeout_s)
         elif not flags & END_STREAM:
             # A second block on a stream: only trailers, which end it (RFC 9113 8.1).
@@ -450,14 +467,17 @@ class Http2Connection(asyncio.Protocol):
 
     def _fragment(self, s: _Stream, fragment: bytes, flags: int) -> None:
         s.block.append(fragment)
-        if len(s.block) > 1 and sum(map(len, s.block)) > self.limits.max_header_bytes or len(fragment) > self.limits.max_header_bytes:
+        s.block_bytes += len(fragment)
+        if s.block_bytes > self.limits.max_header_bytes:
             raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"stream {s.sid}: header block exceeds {self.limits.max_header_bytes} bytes")
+        if len(s.block) > _MAX_FRAGMENTS:  # empty CONTINUATIONs would cost work and never the byte cap
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"stream {s.sid}: header block in more than {_MAX_FRAGMENTS} frames")
         if not flags & END_HEADERS:
             self._cont = s
             return
         self._cont = None
         block = s.block[0] if len(s.block) == 1 else b"".join(s.block)
-        s.block = []
+        s.block, s.block_bytes = [], 0
         try:
             headers, why = self._decoder.decode(block)
         except hpack.OversizedHeaderListError:
@@ -488,35 +508,44 @@ class Http2Connection(asyncio.Protocol):
         self._recv_conn -= n
         if self._recv_conn < 0:
             raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        self._recv_unacked += n
-        if self._recv_unacked >= CONN_WINDOW // 2:
-            self._emit(_frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._recv_unacked)))
-            self._recv_conn += self._recv_unacked
-            self._recv_unacked = 0
         s = self._streams.get(sid)
-        if s is None or s.state not in ("recv", "discard"):
-            # Closed, or ended by the peer already. Frames in flight when a stream closed are
-            # dropped (counted against the window above, so the window stays true).
-            if s is not None and not s.remote_open:
-                self._stream_error(s, ErrorCode.STREAM_CLOSED)
+        if s is None or s.state != "recv":
+            # Dropped: closed, answered already (an oversized request), or ended by the peer.
+            # Frames in flight when a stream closed count against the window and are given back.
+            self._give_back(n)
+            if s is not None:
+                if not s.remote_open:
+                    self._stream_error(s, ErrorCode.STREAM_CLOSED)
+                elif flags & END_STREAM:
+                    self._remote_end(s)
             return
+        s.held += n
         s.recv_window -= n
         if s.recv_window < 0:
             raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, f"stream {sid}: DATA beyond its window")
         body = self._unpad(flags, payload)
-        if s.state == "recv":
-            s.size += len(body)
-            if s.size > self.limits.max_body_bytes:
-                s.state = "discard"
-                s.chunks = []
-                self.app.oversized(self, sid, s.headers)
-            elif body:
-                s.chunks.append(body)
+        s.size += len(body)
+        if s.size > self.limits.max_body_bytes:
+            s.state = "discard"
+            s.chunks = []
+            self._give_back(s.held)
+            s.held = 0
+            self.app.oversized(self, sid, s.headers)
+        elif body:
+            s.chunks.append(body)
         if flags & END_STREAM:
             self._remote_end(s)
         elif s.state == "recv" and s.recv_window < STREAM_WINDOW // 2:  # a discarded body gets no more room
             self._emit(_frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", STREAM_WINDOW - s.recv_window)))
             s.recv_window = STREAM_WINDOW
+
+    def _give_back(self, n: int) -> None:
+        """Returns ``n`` bytes to the connection's receive window (a WINDOW_UPDATE once half is out)."""
+        self._recv_unacked += n
+        if self._recv_unacked >= self._conn_window // 2:
+            self._emit(_frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._recv_unacked)))
+            self._recv_conn += self._recv_unacked
+            self._recv_unacked = 0
 
     def _remote_end(self, s: _Stream) -> None:
         s.remote_open = False
@@ -524,6 +553,8 @@ class Http2Connection(asyncio.Protocol):
             body = s.chunks[0] if len(s.chunks) == 1 else b"".join(s.chunks)
             s.chunks = []
             s.state = "app"
+            self._give_back(s.held)
+            s.held = 0
             self.app.request(self, s.sid, s.headers, body)
         elif s.state == "discard":
             s.state = "app"  # the app has the oversized request still to answer
@@ -557,10 +588,8 @@ class Http2Connection(asyncio.Protocol):
             # HEADER_TABLE_SIZE needs nothing: the blocks sent here never index.
         self._emit(_frame(SETTINGS, ACK, 0))
         if not self._settings_seen:
-            self._settings_seen = True
-            if self._timer is not None:  # the preface's deadline is met
-                self._timer.cancel()
-                self._timer = None
+            self._settings_seen = True  # the preface's deadline is met: the idle one follows
+            self._arm(time.monotonic() + self.limits.idle_timeout_s)
         self._flush_pending()
 
     def _window_update(self, sid: int, payload: bytes) -> None:
@@ -590,11 +619,13 @@ class Http2Connection(asyncio.Protocol):
 
     def _peer_reset(self, sid: int) -> None:
         s = self._streams.pop(sid, None)
-        self._count_reset()
-        if s is not None and s.state in ("app", "discard"):
-            self._released.add(sid)
-            self.app.cancelled(self, sid)
+        if s is not None:
+            self._drop(s)
+            if s.state in ("app", "discard"):
+                self._released.add(sid)
+                self.app.cancelled(self, sid)
         self._close_if_done()
+        self._count_reset()  # last: past the limit it ends the connection, the handler told already
 
     def _stream_error(self, s: _Stream, code: int) -> None:
         """Resets ``s``; the app, if it holds it, hears it as a cancel."""
@@ -683,16 +714,25 @@ class Http2Connection(asyncio.Protocol):
         for s in done:
             self._end(s)
 
+    def _drop(self, s: _Stream) -> None:
+        """Bookkeeping of a stream leaving the connection: its window back, the idle clock reset."""
+        if s.held:
+            self._give_back(s.held)
+            s.held = 0
+        self._last_active = time.monotonic()
+
     def _end(self, s: _Stream) -> None:
         """The answer is out: the stream closes. Answered before the request ended, the rest of
         the request is stopped without error (RFC 9113 8.1)."""
         self._streams.pop(s.sid, None)
+        self._drop(s)
         if s.remote_open:
             self._emit(_frame(RST_STREAM, 0, s.sid, struct.pack(">I", ErrorCode.NO_ERROR)))
         self._close_if_done()
 
     def _reset(self, s: _Stream, code: int) -> None:
         self._streams.pop(s.sid, None)
+        self._drop(s)
         self._emit(_frame(RST_STREAM, 0, s.sid, struct.pack(">I", code)))
         self._close_if_done()
 
@@ -710,7 +750,10 @@ class Http2Connection(asyncio.Protocol):
         self._close()
 
     def _close(self) -> None:
-        """Writes what is gathered and closes the transport (asyncio still sends what it buffered)."""
+        """Writes what is gathered, then closes our side only and reads (and drops) what the peer
+        still sends for ``_LINGER_S`` or until it closes too. Closing a socket with unread input
+        makes the kernel send RST, which throws away answers not yet delivered; Go's net/http2
+        waits the same way (goAwayTimeout)."""
         if self._closed or self.transport is None:
             return
         out, self._out = self._out, None
@@ -718,7 +761,14 @@ class Http2Connection(asyncio.Protocol):
             self.transport.write(b"".join(out))
             out.clear()
         self._closed = True
-        self.transport.close()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._linger = asyncio.get_running_loop().call_later(_LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
 
     # -- lifetime ------------------------------------------------------------------------------
     def goaway(self) -> None:
@@ -740,27 +790,34 @@ class Http2Connection(asyncio.Protocol):
             self._close()
 
     def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
         self._timer = asyncio.get_running_loop().call_later(max(when - time.monotonic(), 0.0), self._expire)
 
     def _expire(self) -> None:
-        """The one timer: the preface's deadline, then the oldest incomplete request's."""
-        self._timer = None
+        """The one timer, at the earliest of: the preface's deadline; the oldest unfinished
+        request's; the idle deadline of a connection without streams."""
+        self._timer, self._timer_at = None, float("inf")
         if self._closed or self.transport is None:
             return
         if not self._settings_seen:
             self._fail(ErrorCode.PROTOCOL_ERROR, f"no connection preface and SETTINGS within {self.limits.header_timeout_s:g} s")
             return
         now, limit = time.monotonic(), self.limits.body_timeout_s
-        oldest = None
-        try:
-            for s in list(self._streams.values()):
-                if s.state == "recv":
-                    if now - s.opened >= limit:
-                        self._reset(s, ErrorCode.CANCEL)
-                    elif oldest is None or s.opened < oldest:
-                        oldest = s.opened
-        except _ConnectionError as e:
-            self._fail(e.code, str(e))
+        if self._cont is not None and now - self._cont.opened >= limit:
+            self._fail(ErrorCode.ENHANCE_YOUR_CALM, f"stream {self._cont.sid}: header block unfinished after {limit:g} s")
             return
+        for s in list(self._streams.values()):
+            if s.state == "recv" and now - s.opened >= limit:
+                self._reset(s, ErrorCode.CANCEL)
+        if self._closed:
+            return
+        if not self._streams and not self._released and now - self._last_active >= self.limits.idle_timeout_s:
+            self.goaway()
+            return
+        oldest = min((s.opened for s in self._streams.values() if s.state == "recv"), default=None)
+        nxt = self._last_active + self.limits.idle_timeout_s
         if oldest is not None:
-            self._arm(oldest + limit)
+            nxt = min(nxt, oldest + limit)
+        self._arm(nxt)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import socket
 import struct
 import threading
@@ -23,6 +24,7 @@ from offload.serve.http2 import Http2Limits
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+TAG: contextvars.ContextVar[str] = contextvars.ContextVar("tag", default="")
 Req, Resp = pb.ModelInferRequest, pb.ModelInferResponse
 
 
@@ -60,11 +62,20 @@ def methods(probe: Probe, loop_box: dict) -> dict[str, Method]:
     async def boom(req, call):
         raise RuntimeError("a handler bug")
 
+    async def ctx(req, call):
+        """Answers what TAG held when it started (model_name) and after a wait (id), and whether
+        it ran in a task by then (model_version)."""
+        before = TAG.get()
+        TAG.set(req.id)
+        await asyncio.sleep(0)
+        return Resp(model_name=before, id=TAG.get(), model_version=str(asyncio.current_task() is not None))
+
     return {
         "/t.T/Echo": Method(Req, echo),
         "/t.T/Slow": Method(Req, slow),
         "/t.T/Refuse": Method(Req, refuse),
         "/t.T/Boom": Method(Req, boom),
+        "/t.T/Ctx": Method(Req, ctx),
     }
 
 

@@ -348,3 +348,127 @@ def test_header_decoder_agrees_with_hpack_block_for_block(blocks):
             assert mine.decode(block)[0] == plain.decode(block, raw=True)
             if not _all_indexed(block):
                 break
+
+
+# -- what a review found ----------------------------------------------------------------------
+def test_a_reset_in_the_same_read_as_its_request_frees_everything():
+    """The handler's task is cancelled before its first step: it must still be told, answer
+    nothing and let go of its stream and its place among max_rpcs."""
+    enc = hpack.Encoder()
+    with running(Http2Limits(max_streams=3), max_rpcs=3) as (port, probe, srv, loop):
+        s = raw_connection(port)
+        burst = b""
+        for sid in (1, 3, 5):  # as many as both limits allow: a leak of any would refuse the next call
+            burst += frame(1, 4, sid, header_block(request_headers("/t.T/Slow"), enc)) + frame(0, 1, sid, grpc_message(Req().SerializeToString())) + frame(3, 0, sid, b"\0\0\0\x08")
+        s.sendall(burst)
+        end = time.monotonic() + 5
+        while probe.cancelled < 3:
+            assert time.monotonic() < end, f"{probe.cancelled} of 3 handlers heard of their cancel"
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert in_loop(loop, lambda: len(srv._app.tasks)) == 0
+        s.sendall(frame(1, 4, 9, header_block(request_headers(ECHO), enc)) + frame(0, 1, 9, grpc_message(Req(id="room").SerializeToString())))
+        got = read_frames(s, timeout=5, stop=lambda fs: any(t == 1 and sid == 9 and f & 1 for t, f, sid, _ in fs))
+        assert Resp.FromString(b"".join(p for t, _, sid, p in got if t == 0 and sid == 9)[5:]).id == "room"
+        s.close()
+
+
+def test_empty_continuations_do_not_go_on_forever():
+    with running() as (port, _, _, _):
+        s = raw_connection(port)
+        s.sendall(frame(1, 0, 1, b"\x82") + frame(9, 0, 1) * 5000)
+        t0 = time.monotonic()
+        assert goaway_code(read_frames(s, timeout=5)) == 0xB and time.monotonic() - t0 < 2
+        s.close()
+
+
+def test_a_connections_unfinished_requests_hold_at_most_its_window():
+    """Bodies not yet complete are not given back to the connection's window, so a peer sending
+    many of them in parallel runs out of window (here it ignores that, and gets
+    FLOW_CONTROL_ERROR) instead of making the server hold them all."""
+    enc = hpack.Encoder()
+    with running(Http2Limits(max_body_bytes=60_000)) as (port, _, _, _):
+        s = raw_connection(port)
+        for sid in range(1, 2 * 20, 2):  # 20 bodies of 59 KB, never ended: 1.18 MB > the 1 MiB window
+            s.sendall(frame(1, 4, sid, header_block(request_headers(ECHO), enc)) + b"".join(frame(0, 0, sid, b"\0" * 14_750) for _ in range(4)))
+        assert goaway_code(read_frames(s, timeout=5)) == 0x3
+        s.close()
+
+
+def test_an_idle_connection_and_a_stuck_header_block_are_closed():
+    with running(Http2Limits(idle_timeout_s=0.3, body_timeout_s=0.3)) as (port, _, _, _):
+        s = raw_connection(port)
+        got = read_frames(s, timeout=5)  # no stream: GOAWAY NO_ERROR after the idle timeout, then closed
+        assert goaway_code(got) == 0x0
+        s.close()
+        s = raw_connection(port)
+        s.sendall(frame(1, 0, 1, b"\x82"))  # a header block that never ends
+        assert goaway_code(read_frames(s, timeout=5)) == 0xB
+        s.close()
+
+
+def test_the_last_answers_are_not_lost_to_a_reset_at_close():
+    """After its last frame the server shuts down its sending side and reads what the peer still
+    sends, instead of closing with unread input (which makes the kernel send RST and throw away
+    answers in flight): the peer's late frames are dropped and everything sent arrives."""
+    with running() as (port, probe, srv, loop):
+        s = raw_connection(port)
+        opened = frame(8, 0, 0, struct.pack(">I", 1 << 20)) + frame(8, 0, 1, struct.pack(">I", 1 << 20))  # room for the answer
+        s.sendall(frame(1, 4, 1, header_block(request_headers("/t.T/Slow"))) + opened + _data_frames(1, grpc_message(Req(id="z" * 300_000).SerializeToString())))
+        end = time.monotonic() + 5
+        while probe.calls < 1:
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        stopping = asyncio.run_coroutine_threadsafe(srv.stop(5.0), loop)
+        in_loop(loop, probe.release.set)
+        s.sendall(frame(6, 0, 0, b"late1234") * 50)  # frames the server may read after its last answer
+        got = read_frames(s, timeout=5)  # to EOF: a reset here raises, or loses the answer's tail
+        data = b"".join(p for t, _, sid, p in got if t == 0 and sid == 1)
+        assert len(data) == 5 + len(Resp(id="z" * 300_000).SerializeToString())
+        stopping.result(10)
+        s.close()
+
+
+def _data_frames(sid: int, body: bytes, end: bool = True) -> bytes:
+    parts = [body[k : k + 16384] for k in range(0, len(body), 16384)]
+    return b"".join(frame(0, 1 if end and k == len(parts) - 1 else 0, sid, p) for k, p in enumerate(parts))
+
+
+def test_stop_returns_once_a_window_bound_answer_is_read():
+    """An answer that waits for the peer's window is the last thing stop() waits for: it returns
+    once the peer has read it, not at the end of its grace."""
+    with running() as (port, _, srv, loop):
+        s = raw_connection(port)
+        s.sendall(frame(4, 0, 0, struct.pack(">HI", 4, 100)))  # SETTINGS_INITIAL_WINDOW_SIZE 100
+        s.sendall(frame(1, 4, 1, header_block(request_headers(ECHO))) + _data_frames(1, grpc_message(Req(id="w" * 70_000).SerializeToString())))
+        got = read_frames(s, timeout=5, stop=lambda fs: any(t == 0 for t, *_ in fs))
+        assert sum(len(p) for t, _, _, p in got if t == 0) == 100
+        t0 = time.monotonic()
+        stopping = asyncio.run_coroutine_threadsafe(srv.stop(20.0), loop)
+        time.sleep(0.2)
+        s.sendall(frame(8, 0, 1, struct.pack(">I", 1 << 20)) + frame(8, 0, 0, struct.pack(">I", 1 << 20)))
+        got += read_frames(s, timeout=5)  # the rest, then the server's end of the connection
+        assert sum(len(p) for t, _, sid, p in got if t == 0 and sid == 1) == 5 + len(Resp(id="w" * 70_000).SerializeToString())
+        s.close()
+        stopping.result(10)
+        assert time.monotonic() - t0 < 5  # not the 20 s grace
+
+
+def test_a_handler_has_a_context_of_its_own_and_a_task_after_its_first_wait():
+    with running() as (port, _, _, _):
+        peer = H2Peer(port)
+        got = [Resp.FromString(peer.answer(peer.call("/t.T/Ctx", grpc_message(Req(id=t).SerializeToString())))[1][5:]) for t in ("a", "b")]
+        assert [(r.model_name, r.id, r.model_version) for r in got] == [("", "a", "True"), ("", "b", "True")]
+        peer.close()
+
+
+@pytest.mark.parametrize(("extra", "status"), [(0, b"0"), (1, b"8")])
+def test_the_message_limit_is_the_message_not_its_prefix(extra, status):
+    with running(Http2Limits(max_body_bytes=1000)) as (port, _, _, _):
+        msg = Req(id="m" * 997).SerializeToString()  # 1000 bytes with its tag and length
+        assert len(msg) == 1000
+        msg = Req(id="m" * (997 + extra)).SerializeToString()
+        peer = H2Peer(port)
+        headers, _, trailers = peer.answer(peer.call(ECHO, grpc_message(msg)))
+        assert (trailers or headers)[b"grpc-status"] == status
+        peer.close()
