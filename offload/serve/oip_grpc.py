@@ -50,7 +50,7 @@ from offload.serve.errors import ConfigError, InvalidRequest, ServeError, Unauth
 from offload.serve.grpc_server import Call, GrpcError, GrpcServer, Method
 from offload.serve.http2 import Http2Limits
 from offload.serve.httpguard import default_max_connections
-from offload.serve.oip import TensorSpec, check_shape
+from offload.serve.oip import TensorSpec, as_fp32, check_shape
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
 
 __all__ = ["GrpcEndpoint", "OipGrpc", "parse_grpc_infer", "SERVICE"]
@@ -219,7 +219,7 @@ class OipGrpc:
             left = call.time_remaining()
             self.count("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
             raise
-        y32 = np.ascontiguousarray(y, dtype="<f4")
+        y32 = as_fp32(y)  # the runner's rows are C-ordered float32 already: no NumPy call
         out = pb.ModelInferResponse.InferOutputTensor(name=model.output.name, datatype="FP32", shape=y32.shape)
         if raw:
             resp = pb.ModelInferResponse(model_name=self._name, model_version=self._version, id=request.id, outputs=[out], raw_output_contents=[y32.tobytes()])
