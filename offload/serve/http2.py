@@ -18,20 +18,27 @@ What a peer may do and what it costs it (each a test in tests/serve/test_http2.p
 - frames up to 16,384 bytes (SETTINGS_MAX_FRAME_SIZE left at its default), else FRAME_SIZE_ERROR;
 - header blocks (HEADERS + CONTINUATION) up to ``max_header_bytes`` compressed and decoded
   (SETTINGS_MAX_HEADER_LIST_SIZE; HPACK's 32 bytes a field count, so a bomb of small fields is
-  refused as well), else GOAWAY ENHANCE_YOUR_CALM: the block is not decoded, so the HPACK state is
-  lost with the connection;
+  refused as well) and in at most 32 frames, else GOAWAY ENHANCE_YOUR_CALM: the block is not
+  decoded, so the HPACK state is lost with the connection;
 - ``max_streams`` streams at once (SETTINGS_MAX_CONCURRENT_STREAMS), a stream past it refused with
   REFUSED_STREAM. A stream the peer resets still counts until the application lets it go, as
   Go's net/http2 does since the rapid-reset attack (CVE-2023-44487): resetting does not buy room
   for new work while the old runs. More than ``_CALM_RESETS`` resets or refusals in a second
   end the connection with ENHANCE_YOUR_CALM;
 - request bodies up to ``max_body_bytes``; past it the application answers at once
-  (``App.oversized``) and the rest is discarded (flow control still replenished);
-- a request not complete within ``body_timeout_s`` of its HEADERS is reset (CANCEL);
+  (``App.oversized``) and the rest is discarded;
+- unfinished requests hold at most the connection's window (two bodies of ``max_body_bytes``):
+  it is given back as requests complete or are dropped, not as bytes arrive;
+- a request not complete within ``body_timeout_s`` of its HEADERS is reset (CANCEL); a header
+  block not complete by then ends the connection; a connection without streams for
+  ``idle_timeout_s`` gets GOAWAY (NO_ERROR);
 - flow control both ways: a peer that sends past its window gets FLOW_CONTROL_ERROR; responses wait
   for the peer's windows and go in frames of its SETTINGS_MAX_FRAME_SIZE;
 - when the peer stops reading, the connection stops reading too (asyncio's ``pause_writing``), so
-  a flood of PINGs or SETTINGS that need answers cannot grow the send buffer.
+  a flood of PINGs or SETTINGS that need answers cannot grow the send buffer;
+- after its last frame (a drained GOAWAY, a connection error) the connection closes its sending
+  side and reads the peer's late frames for a second before closing: a close with unread input
+  makes the kernel answer RST, which drops answers still on their way.
 
 Not offered, as gRPC has no use for them: server push, priorities (PRIORITY is read and ignored),
 HTTP/1.1 upgrade, TLS (bind to loopback or put a TLS proxy in front, as for REST).
@@ -289,7 +296,7 @@ class Http2Connection(asyncio.Protocol):
         self._linger: asyncio.TimerHandle | None = None
         self._resets = 0
         self._reset_window = 0.0
-        self._closed = False  # transport.close() called: nothing more is read or sent
+        self._closed = False  # our side is closed (or closing): nothing more is read or sent
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport) -> None:
