@@ -535,8 +535,7 @@ class Http2Connection(asyncio.Protocol):
         if s.size > self.limits.max_body_bytes:
             s.state = "discard"
             s.chunks = []
-            self._give_back(s.held)
-            s.held = 0
+            self._return_held(s)
             self.app.oversized(self, sid, s.headers)
         elif body:
             s.chunks.append(body)
@@ -560,8 +559,7 @@ class Http2Connection(asyncio.Protocol):
             body = s.chunks[0] if len(s.chunks) == 1 else b"".join(s.chunks)
             s.chunks = []
             s.state = "app"
-            self._give_back(s.held)
-            s.held = 0
+            self._return_held(s)
             self.app.request(self, s.sid, s.headers, body)
         elif s.state == "discard":
             s.state = "app"  # the app has the oversized request still to answer
@@ -628,17 +626,19 @@ class Http2Connection(asyncio.Protocol):
         s = self._streams.pop(sid, None)
         if s is not None:
             self._drop(s)
-            if s.state in ("app", "discard"):
-                self._released.add(sid)
-                self.app.cancelled(self, sid)
+            self._cancel_held(s)
         self._close_if_done()
         self._count_reset()  # last: past the limit it ends the connection, the handler told already
 
     def _stream_error(self, s: _Stream, code: int) -> None:
         """Resets ``s``; the app, if it holds it, hears it as a cancel."""
-        held = s.state in ("app", "discard")
         self._reset(s, code)
-        if held:
+        self._cancel_held(s)
+
+    def _cancel_held(self, s: _Stream) -> None:
+        """A stream gone while the app holds it: it stays counted (``_released``) until the app
+        lets go, and the app hears of it."""
+        if s.state in ("app", "discard"):
             self._released.add(s.sid)
             self.app.cancelled(self, s.sid)
 
@@ -664,9 +664,7 @@ class Http2Connection(asyncio.Protocol):
         ``body`` as DATA within the peer's windows, then ``trailers`` ending the stream. With
         neither body nor trailers, ``head`` ends the stream (a trailers-only response). A stream
         the peer reset, or a connection gone, takes nothing."""
-        if sid in self._released:
-            self._released.discard(sid)
-            self._close_if_done()
+        if self._let_go(sid):
             return
         s = self._streams.get(sid)
         if s is None or s.state not in ("app", "discard") or self._closed:
@@ -686,13 +684,19 @@ class Http2Connection(asyncio.Protocol):
 
     def release(self, sid: int) -> None:
         """Ends the app's hold on ``sid`` without an answer (resetting it with CANCEL if still open)."""
-        if sid in self._released:
-            self._released.discard(sid)
-            self._close_if_done()
+        if self._let_go(sid):
             return
         s = self._streams.get(sid)
         if s is not None and s.state in ("app", "discard"):
             self._reset(s, ErrorCode.CANCEL)
+
+    def _let_go(self, sid: int) -> bool:
+        """True if ``sid`` was already gone (reset, connection lost) and the app has now let go of it."""
+        if sid not in self._released:
+            return False
+        self._released.discard(sid)
+        self._close_if_done()
+        return True
 
     def _send_some(self, s: _Stream, frames: list[bytes]) -> bool:
         """Moves what the windows allow of ``s``'s pending DATA, then its trailers, into
@@ -721,11 +725,15 @@ class Http2Connection(asyncio.Protocol):
         for s in done:
             self._end(s)
 
-    def _drop(self, s: _Stream) -> None:
-        """Bookkeeping of a stream leaving the connection: its window back, the idle clock reset."""
+    def _return_held(self, s: _Stream) -> None:
+        """Gives the connection window back what ``s``'s request held: it is taken whole or dropped."""
         if s.held:
             self._give_back(s.held)
             s.held = 0
+
+    def _drop(self, s: _Stream) -> None:
+        """Bookkeeping of a stream leaving the connection: its window back, the idle clock reset."""
+        self._return_held(s)
         self._last_active = time.monotonic()
 
     def _end(self, s: _Stream) -> None:
@@ -793,7 +801,7 @@ class Http2Connection(asyncio.Protocol):
         return bool(self._streams or self._released)
 
     def _close_if_done(self) -> None:
-        if self._closing and not self._streams and not self._released:
+        if self._closing and not self.busy:
             self._close()
 
     def _arm(self, when: float) -> None:
@@ -820,7 +828,7 @@ class Http2Connection(asyncio.Protocol):
                 self._reset(s, ErrorCode.CANCEL)
         if self._closed:
             return
-        if not self._streams and not self._released and now - self._last_active >= self.limits.idle_timeout_s:
+        if not self.busy and now - self._last_active >= self.limits.idle_timeout_s:
             self.goaway()
             return
         oldest = min((s.opened for s in self._streams.values() if s.state == "recv"), default=None)
