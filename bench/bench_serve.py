@@ -22,7 +22,10 @@ threads: with one request in flight it is on every call's critical path). Also m
 ``offload serve --grpc-server grpcio`` process (gRPC on grpc.aio, the transport before the lean
 one), and each stack's floor (``_serve_baselines.py floor --grpc-port --grpcio-port --h2-port``:
 constant answers on the same stacks, h2's HTTP/2 among them), which bounds what the service could reach on it; the clients' CPU
-against the floors is each stock client's own cost, which no server takes away.
+against the floors is each stock client's own cost, which no server takes away. The rows
+ending ``_proc2`` are the same stock clients in a second process (``_client.py``) with grpc
+core's EventEngine client off (``GRPC_EXPERIMENTS=-event_engine_client``, README.md "Clients"),
+in the same interleaved rounds; REST there is the control for gRPC there.
 
     .venv/bin/python bench/bench_serve.py --protocols [--rounds 20] [--per-round 250]
 
@@ -55,6 +58,13 @@ import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# grpc core's EventEngine client (src/core/lib/experiments/rollouts.yaml, grpcio 1.85:
+# event_engine_client "default: true") reads a client's sockets on EventEngine worker threads,
+# which hand every completion to the thread blocked in the call: about 3 worker wake-ups a unary
+# RPC. Off, the calling thread polls and reads the socket itself, the path grpc core took by
+# default for years. README.md ("Clients") gives it to users; the --protocols rows "*_proc2"
+# measure it.
+TUNED_CLIENT_EXPERIMENTS = "-event_engine_client"
 SLO_P99_MS = 20.0  # the latency bound at which throughputs are compared ("equal p99")
 
 
@@ -222,6 +232,8 @@ def _sustained(rows: list[dict], rate: float) -> bool:
 
 def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     """gRPC vs REST binary, batch 1, closed loop (one request in flight), interleaved rounds."""
+    if "GRPC_EXPERIMENTS" in os.environ:
+        print(f"note: GRPC_EXPERIMENTS={os.environ['GRPC_EXPERIMENTS']} is set: the gRPC rows without _proc2 do not use grpc core's defaults")
     import tritonclient.grpc as tgrpc
     import tritonclient.http as thttp
 
@@ -237,6 +249,15 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     fgc, fhc = tgrpc.InferenceServerClient(f"127.0.0.1:{fgport}"), thttp.InferenceServerClient(f"127.0.0.1:{fport}")
     agc, fagc = tgrpc.InferenceServerClient(f"127.0.0.1:{agport}"), tgrpc.InferenceServerClient(f"127.0.0.1:{faport}")
     fh2c = tgrpc.InferenceServerClient(f"127.0.0.1:{fhport}")
+    # The same stock clients in a second process with grpc core's EventEngine client off
+    # (TUNED_CLIENT_EXPERIMENTS): its gRPC calls' own thread reads the socket. Its REST rows are
+    # the control: the same process, only the gRPC setting differs from this one's.
+    tuned = subprocess.Popen(
+        [sys.executable, "bench/_client.py", f"grpc=grpc://127.0.0.1:{gport}", f"rest_binary=http://127.0.0.1:{port}", f"grpc_floor=grpc://127.0.0.1:{fgport}", f"rest_floor=http://127.0.0.1:{fport}", "--per-round", str(per_round)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "GRPC_EXPERIMENTS": TUNED_CLIENT_EXPERIMENTS},
+    )  # fmt: skip
+    if tuned.stdout.readline().strip() != "ready":
+        raise RuntimeError("bench/_client.py did not start")
     g_in, h_in = [], []
     for i in range(per_round):  # inputs built up front: the clock covers the call alone
         gi = tgrpc.InferInput("x", [1, 16], "FP32")
@@ -246,6 +267,26 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
         g_in.append([gi])
         h_in.append([hi])
     h_out = [thttp.InferRequestedOutput("y", binary_data=True)]
+    def local(call):
+        def one_round() -> tuple[list[float], float]:
+            lat, c0 = [], time.process_time()
+            for i in range(per_round):
+                t = time.perf_counter()
+                call(i)
+                lat.append(time.perf_counter() - t)
+            return lat, time.process_time() - c0
+
+        return one_round
+
+    def remote(target: str):
+        def one_round() -> tuple[list[float], float]:
+            tuned.stdin.write(target + "\n")
+            tuned.stdin.flush()
+            got = json.loads(tuned.stdout.readline())
+            return got["lat"], got["cpu_s"]
+
+        return one_round
+
     calls = {
         "grpc": lambda i: gc_.infer("risk", g_in[i]),
         "rest_binary": lambda i: hc.infer("risk", h_in[i], outputs=h_out),
@@ -256,33 +297,34 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
         "grpcio_floor": lambda i: fagc.infer("risk", g_in[i]),
         "h2_floor": lambda i: fh2c.infer("risk", g_in[i]),
     }
+    rows = {k: local(f) for k, f in calls.items()}
+    for k in ("grpc", "rest_binary", "grpc_floor", "rest_floor"):
+        rows[f"{k}_proc2"] = remote(k)
     pid = {"grpc": proc.pid, "rest_binary": proc.pid, "grpc_grpcio": aio.pid, "grpc_floor": floor.pid, "rest_floor": floor.pid, "grpcio_floor": floor.pid, "h2_floor": floor.pid}
-    lat: dict[str, list[float]] = {k: [] for k in calls}
-    cpu: dict[str, float] = {k: 0.0 for k in calls}
-    ccpu: dict[str, float] = {k: 0.0 for k in calls}  # this process: the client's own cost
-    round_p50: dict[str, list[float]] = {k: [] for k in calls}
+    pid |= {f"{k}_proc2": pid[k] for k in ("grpc", "rest_binary", "grpc_floor", "rest_floor")}
+    lat: dict[str, list[float]] = {k: [] for k in rows}
+    cpu: dict[str, float] = {k: 0.0 for k in rows}
+    ccpu: dict[str, float] = {k: 0.0 for k in rows}  # the client's own process: its cost
+    round_p50: dict[str, list[float]] = {k: [] for k in rows}
     try:
-        for k, f in calls.items():  # warm-up: connections, first-call paths
-            for i in range(min(200, per_round)):
-                f(i)
+        for one_round in rows.values():  # warm-up: connections, first-call paths
+            one_round()
         for r in range(rounds):
-            for k in list(calls)[:: 1 if r % 2 == 0 else -1]:
-                f, one = calls[k], []
-                c0, cc0 = _cpu_s(pid[k]), time.process_time()
-                for i in range(per_round):
-                    t = time.perf_counter()
-                    f(i)
-                    one.append(time.perf_counter() - t)
-                ccpu[k] += time.process_time() - cc0
+            for k in list(rows)[:: 1 if r % 2 == 0 else -1]:
+                c0 = _cpu_s(pid[k])
+                one, client_s = rows[k]()
+                ccpu[k] += client_s
                 cpu[k] += (_cpu_s(pid[k]) or 0.0) - (c0 or 0.0)
                 lat[k] += one
                 round_p50[k].append(float(np.median(one)) * 1e6)
     finally:
         for c in (gc_, hc, fgc, fhc, agc, fagc, fh2c):
             c.close()
+        tuned.stdin.close()
+        tuned.wait(timeout=30)
         _stop((proc, aio, floor))
     out = {}
-    for k in calls:
+    for k in rows:
         a = np.array(lat[k]) * 1e6
         out[k] = {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "server_cpu_us_per_req": cpu[k] / len(a) * 1e6, "client_cpu_us_per_req": ccpu[k] / len(a) * 1e6, "round_p50_us": round_p50[k]}
     wins = sum(g <= r for g, r in zip(round_p50["grpc"], round_p50["rest_binary"]))
@@ -290,7 +332,7 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     out["rounds_grpc_p50_at_or_below_rest"] = f"{wins}/{rounds}"
     print(f"\nbatch 1, one request in flight, {rounds} interleaved rounds x {per_round} requests per protocol")
     print("| protocol | p50 us | p99 us | server CPU us/req | client CPU us/req |\n|---|---:|---:|---:|---:|")
-    for k in calls:
+    for k in rows:
         print(f"| {k} | {out[k]['p50_us']:.0f} | {out[k]['p99_us']:.0f} | {out[k]['server_cpu_us_per_req']:.0f} | {out[k]['client_cpu_us_per_req']:.0f} |")
     out["grpc_floor_over_rest_floor_p50"] = out["grpc_floor"]["p50_us"] / out["rest_floor"]["p50_us"]
     out["grpcio_over_rest_p50"] = out["grpc_grpcio"]["p50_us"] / out["rest_binary"]["p50_us"]
@@ -298,13 +340,25 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     paired = sorted(g / r for g, r in zip(round_p50["grpc"], round_p50["rest_binary"]))
     out["grpc_over_rest_p50_paired"] = float(np.median(paired))
     print(f"gRPC p50 / REST binary p50: {out['grpc_over_rest_p50']:.2f}x over all rounds, {out['grpc_over_rest_p50_paired']:.2f}x the median of rounds' ratios ({paired[0]:.2f}-{paired[-1]:.2f}) (goal <= 1); gRPC at or below REST in {wins}/{rounds} rounds")
+    # The second client process: gRPC with the EventEngine client off against REST in that process.
+    tuned = sorted(g / r for g, r in zip(round_p50["grpc_proc2"], round_p50["rest_binary_proc2"]))
+    twins = sum(g <= r for g, r in zip(round_p50["grpc_proc2"], round_p50["rest_binary_proc2"]))
+    out["grpc_over_rest_p50_proc2"] = out["grpc_proc2"]["p50_us"] / out["rest_binary_proc2"]["p50_us"]
+    out["grpc_over_rest_p50_proc2_paired"] = float(np.median(tuned))
+    out["rounds_grpc_p50_at_or_below_rest_proc2"] = f"{twins}/{rounds}"
+    print(f"second client process (GRPC_EXPERIMENTS={TUNED_CLIENT_EXPERIMENTS}): gRPC p50 / REST binary p50 {out['grpc_over_rest_p50_proc2']:.2f}x over all rounds, "
+          f"{out['grpc_over_rest_p50_proc2_paired']:.2f}x the median of rounds' ratios ({tuned[0]:.2f}-{tuned[-1]:.2f}); at or below REST in {twins}/{rounds} rounds; "
+          f"its gRPC against this process's REST: {out['grpc_proc2']['p50_us'] / out['rest_binary']['p50_us']:.2f}x")
     print(f"the same service on grpc.aio (--grpc-server grpcio): {out['grpcio_over_rest_p50']:.2f}x REST binary p50")
     print(f"floors (constant answers, same stacks and clients): gRPC / REST p50 {out['grpc_floor_over_rest_floor_p50']:.2f}x")
     # One request in flight: the client's own CPU is on the critical path of every call. Against
     # the floors it is the stock client's cost alone, which no server can take away.
     gc_cpu, hc_cpu = out["grpc_floor"]["client_cpu_us_per_req"], out["rest_floor"]["client_cpu_us_per_req"]
+    tc_cpu, thc_cpu = out["grpc_floor_proc2"]["client_cpu_us_per_req"], out["rest_floor_proc2"]["client_cpu_us_per_req"]
     out["client_cpu_grpc_minus_rest_us"] = gc_cpu - hc_cpu
-    print(f"clients' own CPU per call against the floors: tritonclient.grpc {gc_cpu:.0f} us, tritonclient.http {hc_cpu:.0f} us ({gc_cpu - hc_cpu:+.0f} us for gRPC)")
+    out["client_cpu_grpc_minus_rest_us_proc2"] = tc_cpu - thc_cpu
+    print(f"clients' own CPU per call against the floors: tritonclient.grpc {gc_cpu:.0f} us, tritonclient.http {hc_cpu:.0f} us ({gc_cpu - hc_cpu:+.0f} us for gRPC); "
+          f"second process: {tc_cpu:.0f} and {thc_cpu:.0f} us ({tc_cpu - thc_cpu:+.0f} us for gRPC)")
     return out
 
 
