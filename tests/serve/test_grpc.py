@@ -7,9 +7,12 @@ message-size limit, and one batcher for both protocols. All traffic on 127.0.0.1
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +32,9 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 KEY = "k3y"
 AUTH = {"authorization": f"Bearer {KEY}"}
+# The grpc core setting README.md gives Python clients: the EventEngine client off.
+CLIENT_EXPERIMENTS = "-event_engine_client"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 TRANSPORTS = ["lean", "grpcio"]
@@ -214,6 +220,43 @@ def test_socket_reads_stay_off_event_engine_worker_threads(srv, client):
         assert not {t for t in threads if t == "event_engine" or t.startswith("grpc")}, threads
 
 
+def _probe(url: str, rows: np.ndarray, tmp_path: Path, *args: str, experiments: str | None = CLIENT_EXPERIMENTS) -> dict:
+    """Runs ``_grpc_client_probe.py`` (a stock tritonclient.grpc in a process of its own) with
+    ``GRPC_EXPERIMENTS=experiments`` (grpc core's defaults for None)."""
+    np.save(tmp_path / "rows.npy", rows)
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    if experiments is not None:
+        env["GRPC_EXPERIMENTS"] = experiments
+    cmd = [sys.executable, str(Path(__file__).with_name("_grpc_client_probe.py")), url, KEY, str(tmp_path / "rows.npy"), *args]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the client's threads from /proc (Linux)")
+def test_the_readme_client_setting_reads_sockets_on_the_calling_thread(srv, tmp_path):
+    """README.md tells Python gRPC clients to turn grpc core's EventEngine client off: the calling
+    thread then reads the socket itself, where grpc core's default wakes an EventEngine worker
+    about 3 times a unary call and hands the answer over (BENCHMARKS.md: the difference between
+    gRPC above and below REST's p50). With the setting, a stock tritonclient.grpc gets the same
+    bits as REST binary, and its workers sleep while calls flow."""
+    assert f"GRPC_EXPERIMENTS={CLIENT_EXPERIMENTS}" in (ROOT / "README.md").read_text()
+    x, n = _rows(5, seed=21), 300
+    tuned = _probe(srv.grpc, x, tmp_path, "infer", str(n))
+    default = _probe(srv.grpc, x, tmp_path, "infer", str(n), experiments=None)
+    h = thttp.InferenceServerClient(srv.url.removeprefix("http://"))
+    hi = thttp.InferInput("x", list(x.shape), "FP32")
+    hi.set_data_from_numpy(x, binary_data=True)
+    want = h.infer("risk", [hi], outputs=[thttp.InferRequestedOutput("y", binary_data=True)], headers={"Authorization": f"Bearer {KEY}"}).as_numpy("y")
+    h.close()
+    assert tuned["shape"] == default["shape"] == [5, 1]
+    assert tuned["y_bits"] == default["y_bits"] == want.view(np.uint32).ravel().tolist()
+    # Timers and the odd callback still run on workers (0-5 wake-ups in 300 calls seen); reads
+    # there cost about 3 a call. The default's count shows the setting is what makes the change.
+    assert default["event_engine_wakeups"] >= n, default
+    assert tuned["event_engine_wakeups"] < n // 10, tuned
+
+
 def test_grpc_core_env_keeps_an_operators_own_choice(monkeypatch):
     from offload.serve.server import GRPC_EXPERIMENTS, grpc_core_env
 
@@ -252,7 +295,7 @@ def test_rest_and_grpc_requests_share_one_batcher(transport):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_missed_client_deadline_is_counted_and_the_server_keeps_serving(transport):
+def test_a_missed_client_deadline_is_counted_and_the_server_keeps_serving(transport, tmp_path):
     """A request still queued behind a 3 s batching window when the client's 0.3 s deadline passes:
     the client gets DEADLINE_EXCEEDED, the transport cancels the handler, and the response is
     counted under its code (the transport sends that status, not the handler)."""
@@ -271,6 +314,13 @@ def test_a_missed_client_deadline_is_counted_and_the_server_keeps_serving(transp
             time.sleep(0.05)
         assert c.infer("risk", [i], client_timeout=20).as_numpy("y").shape == (1, 1)
         c.close()
+        # A client with README.md's grpc core setting: the calling thread, which now polls the
+        # socket itself, still ends the call at its deadline.
+        assert _probe(f"127.0.0.1:{gport}", _rows(1), tmp_path, "deadline", "0.3")["status"] == "StatusCode.DEADLINE_EXCEEDED"
+        end = time.monotonic() + 20
+        while s.metrics().get(key, 0.0) != 2:
+            assert time.monotonic() < end, f"{key} never reached 2"
+            time.sleep(0.05)
         assert s.stop() == 0
 
 
