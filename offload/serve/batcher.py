@@ -217,6 +217,21 @@ class DynamicBatcher:
     async def infer_shared(self, x: Sequence, timeout: float) -> tuple[BatchOut, int, int]:
         """:meth:`infer`, answered with the batch's shared output and this request's rows in it:
         ``(out, offset, n)``. ``x`` is anything ``stack`` takes, ``len(x)`` rows."""
+        r = self.submit(x, timeout)
+        return r if type(r) is tuple else await r
+
+    def submit(self, x: Sequence, timeout: float) -> tuple[BatchOut, int, int] | Awaitable[tuple[BatchOut, int, int]]:
+        """:meth:`infer_shared` without a coroutine of its own: the answer itself when the request
+        ran at once, alone (a lonely leader on an inline device), else an awaitable of it (the
+        request's future, or its leader's pass) for the caller to await directly. Each coroutine
+        between a request's task and its future is a frame to enter and leave on every resume;
+        at 64 connections the REST hot path's await chain cost 0.35-0.95 us a level (py-spy).
+
+        Example::
+
+            r = batcher.submit(rows, timeout=1.0)
+            out, off, n = r if type(r) is tuple else await r
+        """
         if self._stopping:
             raise ShuttingDown("service is shutting down")
         if len(self._queue) >= self.max_queue_size:
@@ -230,11 +245,11 @@ class DynamicBatcher:
         self._queue.append(p)
         self._rows += p.n
         if lead:
-            return await self._lead(loop, p, timeout)
+            return self._lead(loop, p, timeout)
         if not self._leading and (self._rows >= self.max_batch_size or len(self._queue) == 1):
             self._wakeup.set()
         self._watch(loop, p, timeout)
-        return await p.future
+        return p.future
 
     def _watch(self, loop: asyncio.AbstractEventLoop, p: _Pending, timeout: float) -> None:
         """Puts ``p``'s deadline on the FIFO (the usual timeout) or the heap; re-arms the one timer

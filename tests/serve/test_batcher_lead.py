@@ -155,3 +155,52 @@ def test_leaders_alone_for_long_skip_their_pass_and_a_probe_that_finds_company_r
     assert [y.tolist() for y in ys] == [[[10.0 * i + 1.0]] for i in range(3)] * 3
     assert dev.inline == [1] * _LONELY_PASSES + [1, 1, 1] + [1] * (_PROBE_EVERY - 3) + [3, 3]
     assert dev.task == []
+
+
+def test_submit_answers_a_lone_skipping_leader_at_once_and_gives_the_others_an_awaitable():
+    """``submit`` is ``infer_shared`` without a coroutine: a leader that skips its pass gets its
+    answer itself, computed before ``submit`` returns; a leader with its pass, or a request that
+    queues behind one, gets an awaitable to await. Both answer what ``infer`` answers."""
+    from offload.serve.batcher import _LONELY_PASSES, _PROBE_EVERY, BatchOut
+
+    dev = Devices()
+
+    async def body(b):
+        first = b.submit(_rows(7), TIMEOUT)  # the batcher is idle but not yet lonely: a pass
+        assert type(first) is not tuple and dev.inline == []
+        out, off, n = await first
+        for i in range(_LONELY_PASSES):
+            await b.infer(_rows(i), TIMEOUT)
+        alone = []  # lonely now: leaders skip their pass, computed before submit returns
+        while type(r := b.submit(_rows(5), TIMEOUT)) is tuple:
+            alone.append(r)
+            assert dev.inline[-1] == 1 and len(alone) <= _PROBE_EVERY
+        assert alone  # then the probe's pass: r is that leader's; the next request queues behind it
+        queued = b.submit(_rows(2), TIMEOUT)
+        assert type(queued) is not tuple
+        return (out, off, n), alone[-1], await r, await queued
+
+    got = asyncio.run(_with(dev, body))
+    for (out, off, n), i in zip(got, (7, 5, 5, 2)):
+        assert isinstance(out, BatchOut) and n == 1
+        assert out.y[off : off + n].tolist() == [[10.0 * i + 1.0]]
+    assert dev.inline[-1] == 2  # the leader's pass took the queued request into its batch
+
+
+def test_submit_refuses_at_once_when_stopping_or_full():
+    from offload.serve.errors import QueueFull, ShuttingDown
+
+    dev = Devices()
+
+    async def body(b):
+        b.max_queue_size = 1
+        leader = b.submit(_rows(1), TIMEOUT)  # holds the one place in the queue during its pass
+        with pytest.raises(QueueFull, match="queue is full"):
+            b.submit(_rows(2), TIMEOUT)
+        await leader
+        b._stopping = True
+        with pytest.raises(ShuttingDown):
+            b.submit(_rows(3), TIMEOUT)
+        b._stopping = False
+
+    asyncio.run(_with(dev, body))
