@@ -251,10 +251,12 @@ def test_the_readme_client_setting_reads_sockets_on_the_calling_thread(srv, tmp_
     h.close()
     assert tuned["shape"] == default["shape"] == [5, 1]
     assert tuned["y_bits"] == default["y_bits"] == want.view(np.uint32).ravel().tolist()
-    # Timers and the odd callback still run on workers (0-5 wake-ups in 300 calls seen); reads
-    # there cost about 3 a call. The default's count shows the setting is what makes the change.
+    # Reads on workers cost about 3 wake-ups a call (800-910 in 300 calls seen, loaded or not).
+    # With the setting only grpc core's timers still wake them, per second rather than per call:
+    # 4-8 in 300 calls on an idle machine, 31-36 with the cores oversubscribed (the calls slower).
+    # So the bound is relative to the default's own count, measured the same way.
     assert default["event_engine_wakeups"] >= n, default
-    assert tuned["event_engine_wakeups"] < n // 10, tuned
+    assert tuned["event_engine_wakeups"] * 10 <= default["event_engine_wakeups"], (tuned, default)
 
 
 def test_grpc_core_env_keeps_an_operators_own_choice(monkeypatch):
