@@ -45,6 +45,7 @@ same phase of the machine's load), as the median of the sweeps' ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -81,6 +82,16 @@ def _stop(procs) -> None:
         p.terminate()
     for p in procs:
         p.wait(timeout=30)
+
+
+def _end_child(child: subprocess.Popen) -> None:
+    """Ends a client child driven over stdin: EOF asks it to finish; killed if it does not."""
+    child.stdin.close()
+    try:
+        child.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def _start(cmd: list[str], port: int) -> subprocess.Popen:
@@ -241,72 +252,81 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
 
     port, gport, fport, fgport = _port(), _port(), _port(), _port()
     aport, agport, faport, fhport = _port(), _port(), _port(), _port()
-    proc = _start([sys.executable, "-m", "offload.cli", "serve", str(bundle), "--port", str(port), "--grpc-port", str(gport), "--device", "sim"], port)
-    aio = _start([sys.executable, "-m", "offload.cli", "serve", str(bundle), "--port", str(aport), "--grpc-port", str(agport), "--grpc-server", "grpcio", "--device", "sim"], aport)
-    floor = _start([sys.executable, "bench/_serve_baselines.py", "floor", "--port", str(fport), "--grpc-port", str(fgport), "--grpcio-port", str(faport), "--h2-port", str(fhport)], fport)
-    x = make_transactions(per_round, 11)[0].astype(np.float32)
-    gc_, hc = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}"), thttp.InferenceServerClient(f"127.0.0.1:{port}")
-    fgc, fhc = tgrpc.InferenceServerClient(f"127.0.0.1:{fgport}"), thttp.InferenceServerClient(f"127.0.0.1:{fport}")
-    agc, fagc = tgrpc.InferenceServerClient(f"127.0.0.1:{agport}"), tgrpc.InferenceServerClient(f"127.0.0.1:{faport}")
-    fh2c = tgrpc.InferenceServerClient(f"127.0.0.1:{fhport}")
-    # The same stock clients in a second process with grpc core's EventEngine client off
-    # (TUNED_CLIENT_EXPERIMENTS): its gRPC calls' own thread reads the socket. Its REST rows are
-    # the control: the same process, only the gRPC setting differs from this one's.
-    tuned = subprocess.Popen(
-        [sys.executable, "bench/_client.py", f"grpc=grpc://127.0.0.1:{gport}", f"rest_binary=http://127.0.0.1:{port}", f"grpc_floor=grpc://127.0.0.1:{fgport}", f"rest_floor=http://127.0.0.1:{fport}", "--per-round", str(per_round)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "GRPC_EXPERIMENTS": TUNED_CLIENT_EXPERIMENTS},
-    )  # fmt: skip
-    if tuned.stdout.readline().strip() != "ready":
-        raise RuntimeError("bench/_client.py did not start")
-    g_in, h_in = [], []
-    for i in range(per_round):  # inputs built up front: the clock covers the call alone
-        gi = tgrpc.InferInput("x", [1, 16], "FP32")
-        gi.set_data_from_numpy(x[i : i + 1])
-        hi = thttp.InferInput("x", [1, 16], "FP32")
-        hi.set_data_from_numpy(x[i : i + 1], binary_data=True)
-        g_in.append([gi])
-        h_in.append([hi])
-    h_out = [thttp.InferRequestedOutput("y", binary_data=True)]
-    def local(call):
-        def one_round() -> tuple[list[float], float]:
-            lat, c0 = [], time.process_time()
-            for i in range(per_round):
-                t = time.perf_counter()
-                call(i)
-                lat.append(time.perf_counter() - t)
-            return lat, time.process_time() - c0
+    with contextlib.ExitStack() as stack:
+        servers: list[subprocess.Popen] = []
+        stack.callback(_stop, servers)  # every server started, however the bench ends
+        proc = _start([sys.executable, "-m", "offload.cli", "serve", str(bundle), "--port", str(port), "--grpc-port", str(gport), "--device", "sim"], port)
+        servers.append(proc)
+        aio = _start([sys.executable, "-m", "offload.cli", "serve", str(bundle), "--port", str(aport), "--grpc-port", str(agport), "--grpc-server", "grpcio", "--device", "sim"], aport)
+        servers.append(aio)
+        floor = _start([sys.executable, "bench/_serve_baselines.py", "floor", "--port", str(fport), "--grpc-port", str(fgport), "--grpcio-port", str(faport), "--h2-port", str(fhport)], fport)
+        servers.append(floor)
+        x = make_transactions(per_round, 11)[0].astype(np.float32)
+        gc_, hc = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}"), thttp.InferenceServerClient(f"127.0.0.1:{port}")
+        fgc, fhc = tgrpc.InferenceServerClient(f"127.0.0.1:{fgport}"), thttp.InferenceServerClient(f"127.0.0.1:{fport}")
+        agc, fagc = tgrpc.InferenceServerClient(f"127.0.0.1:{agport}"), tgrpc.InferenceServerClient(f"127.0.0.1:{faport}")
+        fh2c = tgrpc.InferenceServerClient(f"127.0.0.1:{fhport}")
+        for c in (gc_, hc, fgc, fhc, agc, fagc, fh2c):
+            stack.callback(c.close)
+        # The same stock clients in a second process with grpc core's EventEngine client off
+        # (TUNED_CLIENT_EXPERIMENTS): its gRPC calls' own thread reads the socket. Its REST rows are
+        # the control: the same process, only the gRPC setting differs from this one's.
+        tuned = subprocess.Popen(
+            [sys.executable, "bench/_client.py", f"grpc=grpc://127.0.0.1:{gport}", f"rest_binary=http://127.0.0.1:{port}", f"grpc_floor=grpc://127.0.0.1:{fgport}", f"rest_floor=http://127.0.0.1:{fport}", "--per-round", str(per_round)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "GRPC_EXPERIMENTS": TUNED_CLIENT_EXPERIMENTS},
+        )  # fmt: skip
+        stack.callback(_end_child, tuned)
+        if tuned.stdout.readline().strip() != "ready":
+            raise RuntimeError("bench/_client.py did not start")
+        g_in, h_in = [], []
+        for i in range(per_round):  # inputs built up front: the clock covers the call alone
+            gi = tgrpc.InferInput("x", [1, 16], "FP32")
+            gi.set_data_from_numpy(x[i : i + 1])
+            hi = thttp.InferInput("x", [1, 16], "FP32")
+            hi.set_data_from_numpy(x[i : i + 1], binary_data=True)
+            g_in.append([gi])
+            h_in.append([hi])
+        h_out = [thttp.InferRequestedOutput("y", binary_data=True)]
 
-        return one_round
+        def local(call):
+            def one_round() -> tuple[list[float], float]:
+                lat, c0 = [], time.process_time()
+                for i in range(per_round):
+                    t = time.perf_counter()
+                    call(i)
+                    lat.append(time.perf_counter() - t)
+                return lat, time.process_time() - c0
 
-    def remote(target: str):
-        def one_round() -> tuple[list[float], float]:
-            tuned.stdin.write(target + "\n")
-            tuned.stdin.flush()
-            got = json.loads(tuned.stdout.readline())
-            return got["lat"], got["cpu_s"]
+            return one_round
 
-        return one_round
+        def remote(target: str):
+            def one_round() -> tuple[list[float], float]:
+                tuned.stdin.write(target + "\n")
+                tuned.stdin.flush()
+                got = json.loads(tuned.stdout.readline())
+                return got["lat"], got["cpu_s"]
 
-    calls = {
-        "grpc": lambda i: gc_.infer("risk", g_in[i]),
-        "rest_binary": lambda i: hc.infer("risk", h_in[i], outputs=h_out),
-        "grpc_grpcio": lambda i: agc.infer("risk", g_in[i]),
-        # The same clients against constant answers on the same stacks: each stack's floor.
-        "grpc_floor": lambda i: fgc.infer("risk", g_in[i]),
-        "rest_floor": lambda i: fhc.infer("risk", h_in[i]),
-        "grpcio_floor": lambda i: fagc.infer("risk", g_in[i]),
-        "h2_floor": lambda i: fh2c.infer("risk", g_in[i]),
-    }
-    rows = {k: local(f) for k, f in calls.items()}
-    for k in ("grpc", "rest_binary", "grpc_floor", "rest_floor"):
-        rows[f"{k}_proc2"] = remote(k)
-    pid = {"grpc": proc.pid, "rest_binary": proc.pid, "grpc_grpcio": aio.pid, "grpc_floor": floor.pid, "rest_floor": floor.pid, "grpcio_floor": floor.pid, "h2_floor": floor.pid}
-    pid |= {f"{k}_proc2": pid[k] for k in ("grpc", "rest_binary", "grpc_floor", "rest_floor")}
-    lat: dict[str, list[float]] = {k: [] for k in rows}
-    cpu: dict[str, float] = {k: 0.0 for k in rows}
-    ccpu: dict[str, float] = {k: 0.0 for k in rows}  # the client's own process: its cost
-    round_p50: dict[str, list[float]] = {k: [] for k in rows}
-    try:
+            return one_round
+
+        calls = {
+            "grpc": lambda i: gc_.infer("risk", g_in[i]),
+            "rest_binary": lambda i: hc.infer("risk", h_in[i], outputs=h_out),
+            "grpc_grpcio": lambda i: agc.infer("risk", g_in[i]),
+            # The same clients against constant answers on the same stacks: each stack's floor.
+            "grpc_floor": lambda i: fgc.infer("risk", g_in[i]),
+            "rest_floor": lambda i: fhc.infer("risk", h_in[i]),
+            "grpcio_floor": lambda i: fagc.infer("risk", g_in[i]),
+            "h2_floor": lambda i: fh2c.infer("risk", g_in[i]),
+        }
+        rows = {k: local(f) for k, f in calls.items()}
+        for k in ("grpc", "rest_binary", "grpc_floor", "rest_floor"):
+            rows[f"{k}_proc2"] = remote(k)
+        pid = {"grpc": proc.pid, "rest_binary": proc.pid, "grpc_grpcio": aio.pid, "grpc_floor": floor.pid, "rest_floor": floor.pid, "grpcio_floor": floor.pid, "h2_floor": floor.pid}
+        pid |= {f"{k}_proc2": pid[k] for k in ("grpc", "rest_binary", "grpc_floor", "rest_floor")}
+        lat: dict[str, list[float]] = {k: [] for k in rows}
+        cpu: dict[str, float] = {k: 0.0 for k in rows}
+        ccpu: dict[str, float] = {k: 0.0 for k in rows}  # the client's own process: its cost
+        round_p50: dict[str, list[float]] = {k: [] for k in rows}
         for one_round in rows.values():  # warm-up: connections, first-call paths
             one_round()
         for r in range(rounds):
@@ -317,12 +337,6 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
                 cpu[k] += (_cpu_s(pid[k]) or 0.0) - (c0 or 0.0)
                 lat[k] += one
                 round_p50[k].append(float(np.median(one)) * 1e6)
-    finally:
-        for c in (gc_, hc, fgc, fhc, agc, fagc, fh2c):
-            c.close()
-        tuned.stdin.close()
-        tuned.wait(timeout=30)
-        _stop((proc, aio, floor))
     out = {}
     for k in rows:
         a = np.array(lat[k]) * 1e6
