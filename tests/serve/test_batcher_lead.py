@@ -175,10 +175,12 @@ def test_submit_answers_a_lone_skipping_leader_at_once_and_gives_the_others_an_a
         while type(r := b.submit(_rows(5), TIMEOUT)) is tuple:
             alone.append(r)
             assert dev.inline[-1] == 1 and len(alone) <= _PROBE_EVERY
-        assert alone  # then the probe's pass: r is that leader's; the next request queues behind it
+        assert alone  # then the probe's pass: r is that leader's, awaited at once (in a task)
+        leader = asyncio.ensure_future(r)
+        await asyncio.sleep(0)  # the leader is in its pass now; a request that comes meanwhile queues
         queued = b.submit(_rows(2), TIMEOUT)
         assert type(queued) is not tuple
-        return (out, off, n), alone[-1], await r, await queued
+        return (out, off, n), alone[-1], await leader, await queued
 
     got = asyncio.run(_with(dev, body))
     for (out, off, n), i in zip(got, (7, 5, 5, 2)):
@@ -194,7 +196,8 @@ def test_submit_refuses_at_once_when_stopping_or_full():
 
     async def body(b):
         b.max_queue_size = 1
-        leader = b.submit(_rows(1), TIMEOUT)  # holds the one place in the queue during its pass
+        leader = asyncio.ensure_future(b.submit(_rows(1), TIMEOUT))
+        await asyncio.sleep(0)  # in its pass, it holds the one place in the queue
         with pytest.raises(QueueFull, match="queue is full"):
             b.submit(_rows(2), TIMEOUT)
         await leader
