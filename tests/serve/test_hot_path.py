@@ -295,7 +295,7 @@ def test_json_rows_converted_with_their_batch_are_each_request_converted_alone(f
     import offload.serve.oip as oip
 
     rng = np.random.default_rng(11)
-    bodies, lazy, eager = [], [], []
+    lazy, eager = [], []
     for body in _json_bodies(rng, f):
         want = _eager_or_error(body, f)
         try:
