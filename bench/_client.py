@@ -26,21 +26,28 @@ import tritonclient.http as thttp
 from offload.examples.risk import make_transactions
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("targets", nargs="+", help="NAME=grpc://HOST:PORT or NAME=http://HOST:PORT")
-    ap.add_argument("--per-round", type=int, required=True)
-    a = ap.parse_args()
-    x = make_transactions(a.per_round, 11)[0].astype(np.float32)
+def inputs(per_round: int) -> tuple[list, list, list]:
+    """The bench's batch-1 requests, built up front so that the clock covers the call alone:
+    ``(grpc inputs, REST inputs, REST outputs)``, row ``i`` of ``make_transactions(per_round, 11)``
+    as call ``i``'s, binary tensors on REST."""
+    x = make_transactions(per_round, 11)[0].astype(np.float32)
     g_in, h_in = [], []
-    for i in range(a.per_round):  # built up front, as the parent does: the clock covers the call alone
+    for i in range(per_round):
         gi = tgrpc.InferInput("x", [1, 16], "FP32")
         gi.set_data_from_numpy(x[i : i + 1])
         hi = thttp.InferInput("x", [1, 16], "FP32")
         hi.set_data_from_numpy(x[i : i + 1], binary_data=True)
         g_in.append([gi])
         h_in.append([hi])
-    h_out = [thttp.InferRequestedOutput("y", binary_data=True)]
+    return g_in, h_in, [thttp.InferRequestedOutput("y", binary_data=True)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("targets", nargs="+", help="NAME=grpc://HOST:PORT or NAME=http://HOST:PORT")
+    ap.add_argument("--per-round", type=int, required=True)
+    a = ap.parse_args()
+    g_in, h_in, h_out = inputs(a.per_round)
     clients, calls = [], {}
     for t in a.targets:
         name, _, url = t.partition("=")

@@ -248,7 +248,7 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     import tritonclient.grpc as tgrpc
     import tritonclient.http as thttp
 
-    from offload.examples.risk import make_transactions
+    from _client import inputs  # bench/ is on the path: this script lives there
 
     port, gport, fport, fgport = _port(), _port(), _port(), _port()
     aport, agport, faport, fhport = _port(), _port(), _port(), _port()
@@ -261,7 +261,6 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
         servers.append(aio)
         floor = _start([sys.executable, "bench/_serve_baselines.py", "floor", "--port", str(fport), "--grpc-port", str(fgport), "--grpcio-port", str(faport), "--h2-port", str(fhport)], fport)
         servers.append(floor)
-        x = make_transactions(per_round, 11)[0].astype(np.float32)
         gc_, hc = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}"), thttp.InferenceServerClient(f"127.0.0.1:{port}")
         fgc, fhc = tgrpc.InferenceServerClient(f"127.0.0.1:{fgport}"), thttp.InferenceServerClient(f"127.0.0.1:{fport}")
         agc, fagc = tgrpc.InferenceServerClient(f"127.0.0.1:{agport}"), tgrpc.InferenceServerClient(f"127.0.0.1:{faport}")
@@ -278,15 +277,7 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
         stack.callback(_end_child, tuned)
         if tuned.stdout.readline().strip() != "ready":
             raise RuntimeError("bench/_client.py did not start")
-        g_in, h_in = [], []
-        for i in range(per_round):  # inputs built up front: the clock covers the call alone
-            gi = tgrpc.InferInput("x", [1, 16], "FP32")
-            gi.set_data_from_numpy(x[i : i + 1])
-            hi = thttp.InferInput("x", [1, 16], "FP32")
-            hi.set_data_from_numpy(x[i : i + 1], binary_data=True)
-            g_in.append([gi])
-            h_in.append([hi])
-        h_out = [thttp.InferRequestedOutput("y", binary_data=True)]
+        g_in, h_in, h_out = inputs(per_round)  # the second process builds the same
 
         def local(call):
             def one_round() -> tuple[list[float], float]:
