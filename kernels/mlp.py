@@ -287,7 +287,9 @@ def validate_inputs(spec: MlpSpec, inputs: Mapping[str, np.ndarray]) -> None:
     checked once already (the scoring service checks every request, before queueing)."""
     if "x" not in inputs:
         raise InputKeyError(f"mlp input 'x' missing; got {sorted(inputs)}")
-    x = np.asarray(inputs["x"])
+    x = inputs["x"]
+    if type(x) is not np.ndarray:  # np.asarray is a NumPy call even for an array (a cold one per request)
+        x = np.asarray(x)
     if x.dtype.kind != "f":
         raise InputTypeError(f"mlp input 'x' must be floating point (float32/float64), got dtype {x.dtype}")
     if x.ndim != 2 or x.shape[1] != spec.n_features:

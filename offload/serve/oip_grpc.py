@@ -50,7 +50,7 @@ from offload.serve.errors import ConfigError, InvalidRequest, ServeError, Unauth
 from offload.serve.grpc_server import Call, GrpcError, GrpcServer, Method
 from offload.serve.http2 import Http2Limits
 from offload.serve.httpguard import default_max_connections
-from offload.serve.oip import TensorSpec, as_fp32, check_shape
+from offload.serve.oip import TensorSpec, as_fp32, check_shape, fp32_rows
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
 
 __all__ = ["GrpcEndpoint", "OipGrpc", "parse_grpc_infer", "SERVICE"]
@@ -83,7 +83,7 @@ def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec
         data = raw[0]
         if len(data) != b * f * 4:
             raise InvalidRequest(f"raw_input_contents[0]: {len(data)} bytes; shape [{b}, {f}] FP32 needs {b * f * 4}")
-        x32 = np.frombuffer(data, dtype="<f4").reshape(b, f)
+        x32 = fp32_rows(data, b, f)
     else:
         c = t.contents
         for name in _OTHER_CONTENTS:

@@ -337,6 +337,31 @@ def test_json_rows_mixed_with_binary_rows_keep_their_order():
     np.testing.assert_array_equal(x, np.concatenate([a, j.astype(np.float32), a[:1]]))
 
 
+def test_a_lone_binary_request_is_its_own_batch_and_any_other_array_is_copied():
+    """fp32_rows gives a writable float32 array of its own (binary REST, raw gRPC), which
+    stack_rows hands the device as it is when it is the whole batch; an array the device must not
+    get as it is (read-only, strided, float64) is copied into a writable float32 batch."""
+    from offload.serve.oip import fp32_rows
+
+    rng = np.random.default_rng(14)
+    want = rng.normal(size=(3, 4)).astype("<f4")
+    wire = want.tobytes()
+    x = fp32_rows(wire, 3, 4)
+    assert x.dtype == np.float32 and x.flags.writeable and x.flags.c_contiguous and x.flags.owndata is False
+    np.testing.assert_array_equal(x, want)
+    x[0, 0] = 99.0  # its own bytes: the wire's are untouched
+    assert wire == want.tobytes()
+    batch, refused = stack_rows([x])
+    assert batch is x and not refused
+    others = [np.frombuffer(wire, "<f4").reshape(3, 4), np.asfortranarray(want), want.astype(np.float64)]
+    assert not others[0].flags.writeable and not others[1].flags.c_contiguous
+    for a in others:
+        batch, refused = stack_rows([a])
+        assert batch is not a and not refused
+        assert batch.dtype == np.float32 and batch.flags.writeable and batch.flags.c_contiguous
+        np.testing.assert_array_equal(batch, want)
+
+
 def test_json_answers_from_a_batchs_row_texts_are_the_encoders_bytes():
     rng = np.random.default_rng(13)
     for out in (OUT, TensorSpec("y3", 3)):
