@@ -211,21 +211,17 @@ class DynamicBatcher:
     async def infer(self, x: np.ndarray, timeout: float) -> np.ndarray:
         """Queues ``x`` ([n, F] floats, n <= max_batch_size) and returns its own output rows; the
         device gets each batch as ``stack`` makes it."""
-        out, off, n = await self.infer_shared(x, timeout)
+        r = self.submit(x, timeout)
+        out, off, n = r if type(r) is tuple else await r
         return out.y[off : off + n]
 
-    async def infer_shared(self, x: Sequence, timeout: float) -> tuple[BatchOut, int, int]:
-        """:meth:`infer`, answered with the batch's shared output and this request's rows in it:
-        ``(out, offset, n)``. ``x`` is anything ``stack`` takes, ``len(x)`` rows."""
-        r = self.submit(x, timeout)
-        return r if type(r) is tuple else await r
-
     def submit(self, x: Sequence, timeout: float) -> tuple[BatchOut, int, int] | Awaitable[tuple[BatchOut, int, int]]:
-        """:meth:`infer_shared` without a coroutine of its own: the answer itself when the request
-        ran at once, alone (a lonely leader on an inline device), else an awaitable of it (the
-        request's future, or its leader's pass) for the caller to await directly. Each coroutine
-        between a request's task and its future is a frame to enter and leave on every resume;
-        at 64 connections the REST hot path's await chain cost 0.35-0.95 us a level (py-spy).
+        """Queues ``x`` (anything ``stack`` takes, ``len(x)`` rows); its answer is the batch's
+        shared output and this request's rows in it, ``(out, offset, n)``: the answer itself when
+        the request ran at once, alone (a lonely leader on an inline device), else an awaitable of
+        it (the request's future, or its leader's pass) for the caller to await directly. Each
+        coroutine between a request's task and its future is a frame to enter and leave on every
+        resume; at 64 connections the REST hot path's await chain cost 0.35-0.95 us a level (py-spy).
 
         Await the awaitable at once, before anything else is submitted or awaited: the request
         is queued already, and a leader's pass, which runs its batch, starts only when awaited

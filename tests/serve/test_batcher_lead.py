@@ -158,7 +158,7 @@ def test_leaders_alone_for_long_skip_their_pass_and_a_probe_that_finds_company_r
 
 
 def test_submit_answers_a_lone_skipping_leader_at_once_and_gives_the_others_an_awaitable():
-    """``submit`` is ``infer_shared`` without a coroutine: a leader that skips its pass gets its
+    """``submit`` answers without a coroutine of its own: a leader that skips its pass gets its
     answer itself, computed before ``submit`` returns; a leader with its pass, or a request that
     queues behind one, gets an awaitable to await. Both answer what ``infer`` answers."""
     from offload.serve.batcher import _LONELY_PASSES, _PROBE_EVERY, BatchOut
