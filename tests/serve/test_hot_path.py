@@ -623,3 +623,42 @@ def test_a_reopened_device_is_probed_at_its_own_precision_not_the_wire_fp32():
         np.testing.assert_array_equal(got.view(np.uint32), y.astype(np.float32).view(np.uint32))
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("api_key", [None, "k"])
+def test_uvicorn_takes_the_services_app_for_asgi3(bundle, api_key):
+    import uvicorn
+
+    svc = ScoringService(bundle, ServeConfig(device="sim", api_key=api_key))
+    config = uvicorn.Config(svc.app, lifespan="off")
+    config.load()
+    assert config.interface == "asgi3"
+
+
+def test_a_request_waiting_on_its_batch_suspends_in_one_frame_of_the_service(bundle):
+    """Each coroutine between a request's task and the batcher's future is entered and left on
+    every resume: the hot path is one coroutine, the app itself, awaiting the future directly."""
+    import offload.serve.app as app_module
+
+    # A delay of whole timer ticks: the request waits on its future for the batch's timer.
+    svc = ScoringService(bundle, ServeConfig(device="sim", max_queue_delay_us=20_000))
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.25] * 16}]})
+
+    async def go():
+        await svc._ensure_started()
+        try:
+            task = asyncio.ensure_future(_post(svc, body))
+            while svc.batcher.depth == 0:
+                await asyncio.sleep(0)
+            chain, coro = [], task.get_coro()
+            while hasattr(coro, "cr_code"):  # the suspended coroutines, outermost first, to the future
+                chain.append(coro.cr_code)
+                coro = coro.cr_await
+            status, _ = await task
+            return [c.co_name for c in chain if c.co_filename == app_module.__file__], status
+        finally:
+            await svc.batcher.stop()
+
+    names, status = asyncio.run(go())
+    assert status == 200
+    assert names == ["app"]
