@@ -21,7 +21,12 @@ parsed. This subclass adds, per connection:
   reuses "reusable" idle connections when it runs out, so the server never hits EMFILE (libuv
   then accepts and resets every pending client);
 - a drain: on shutdown, an idle connection lingers ``DRAIN_LINGER_S`` so that a request already
-  on its way is answered (with ``Connection: close``) rather than reset.
+  on its way is answered (with ``Connection: close``) rather than reset;
+- one write a response (:class:`_OneWrite`): uvicorn writes a response's head when the app sends
+  ``http.response.start`` and its body on ``http.response.body``, two ``write`` system calls and
+  two TCP segments for every answer, each one a pass through the loopback or network stack and a
+  wake-up of the client. The head is held until the body's write (or the end of the loop's pass,
+  for an app that awaits in between) and goes out with it.
 
 Example::
 
@@ -49,6 +54,7 @@ MAX_REQUEST_LINE = 8190  # Apache's LimitRequestLine; nginx's 8 KiB large_client
 MAX_HEADERS = 100  # Apache's LimitRequestFields
 FD_HEADROOM = 64  # files the process keeps besides connections: device nodes, logs, the listener
 DRAIN_LINGER_S = 0.5
+_JOIN_MAX = 64 * 1024  # bodies up to this size are copied behind a held head, one write for both
 
 
 def default_max_connections() -> int:
@@ -97,6 +103,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- connection ---------------------------------------------------------------------------
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Everything here writes through it, this protocol and uvicorn's cycles alike (they are
+        # given self.transport), so nothing overtakes a held head; uvicorn's flow control keeps
+        # the socket's own transport, for pause_reading / resume_reading.
+        self.transport = _OneWrite(transport, self)
         self._head_since = self.loop.time()
         self._arm(self.limits.header_timeout_s, self._head_timeout)
         if len(self.connections) > self.limits.max_connections:
@@ -105,6 +115,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        # A response with no body write (HEAD, or an empty body, which uvicorn writes as b""
+        # only for a non-HEAD request) ends here: its head goes now.
+        self.transport.flush()
+        super().on_response_complete()
 
     def _evictable(self) -> bool:
         return self._head_open and (self.cycle is None or self.cycle.response_complete) and not self.pipeline
@@ -236,3 +252,56 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
         elif self._head_open:
             self._arm(self.limits.header_timeout_s, self._head_timeout)
+
+
+class _OneWrite:
+    """A connection's transport that sends a response's head together with what follows it.
+
+    The head is the first write of the protocol's current cycle after its response started
+    (uvicorn's ``send`` sets ``response_started`` just before writing it); a ``100 Continue``
+    comes before that and goes at once. A held head goes with the next write, at ``close``, at the
+    end of the response (:meth:`GuardedHttpToolsProtocol.on_response_complete`), or at the latest
+    when the loop runs its ready callbacks next (an app that awaits between head and body: a
+    streamed answer's head is not delayed past that). Every other call is the transport's.
+    """
+
+    __slots__ = ("_t", "_protocol", "_held", "_headed")
+
+    def __init__(self, transport, protocol: GuardedHttpToolsProtocol) -> None:
+        self._t = transport
+        self._protocol = protocol
+        self._held: bytes | None = None
+        self._headed = None  # the cycle whose head was held last
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if len(data) <= _JOIN_MAX:
+                self._t.write(held + data)
+                return
+            self._t.write(held)  # a large body is not copied to save one system call
+        cycle = self._protocol.cycle
+        if cycle is not None and cycle.response_started and not cycle.response_complete and cycle is not self._headed:
+            self._held = data
+            self._headed = cycle
+            self._protocol.loop.call_soon(self.flush)
+            return
+        self._t.write(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._t.is_closing():
+                self._t.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._t.close()
+
+    def is_closing(self) -> bool:
+        return self._t.is_closing()
+
+    def get_extra_info(self, name: str, default=None):
+        return self._t.get_extra_info(name, default)

@@ -63,6 +63,9 @@ def _uvicorn_config(app: Any, host: str, port: int, drain_s: float, log_level: s
         # uvicorn's httptools protocol with head/body caps, read timeouts and a connection cap
         # (offload/serve/httpguard.py says why each is needed and where uvicorn stops).
         http=guarded_protocol(limits),
+        # No WebSocket routes here: an Upgrade request is answered as plain HTTP, and uvicorn's
+        # upgrade path, which hands the connection's transport to another protocol, never runs.
+        ws="none",
         lifespan="on",
         access_log=False,
         log_level=log_level,
