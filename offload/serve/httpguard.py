@@ -117,8 +117,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
-        # A response with no body write (HEAD, or an empty body, which uvicorn writes as b""
-        # only for a non-HEAD request) ends here: its head goes now.
+        # A response with no body write (uvicorn writes none for HEAD) ends here: its head goes now.
         self.transport.flush()
         super().on_response_complete()
 

@@ -181,7 +181,7 @@ def test_an_app_that_fails_after_its_head_closes_after_sending_it():
 
 
 @pytest.mark.parametrize("size", [64 * 1024, 64 * 1024 + 1])
-def test_a_large_body_is_written_on_its_own(size):
+def test_only_bodies_past_64_kib_are_written_on_their_own(size):
     body = b"z" * size
 
     async def go():
