@@ -178,13 +178,18 @@ class Program:
     out_scale: float  # 2**-F of the last type
     n_out: int
     arrays: tuple  # (name, array, snapshot or None): see plan._current
+    n_in: int  # features a row: the kernel's buffers are sized from the program, not from x
 
     def run(self, x: np.ndarray) -> np.ndarray | None:
         """Float64 outputs of float64 rows ``x`` [B, F]; None where a value needs the bit-level
         quantization (|x * 2**F| >= 2**62, inf, NaN): then take the general path."""
         x = np.ascontiguousarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.n_in:
+            raise ValueError(f"x: expected rows [B, {self.n_in}], got shape {x.shape}")
+        if not (x.flags.writeable and x.flags.aligned):
+            x = x.copy()  # a read-only or misaligned array is another numba type: a compile, on a request
         out = np.empty((x.shape[0], self.n_out), dtype=np.float64)
-        if not _run_rows(x, self.prog, self.data, self.in_scale, self.out_scale, out):
+        if not _ENTRY.get("d", _run_rows)(x, self.prog, self.data, self.in_scale, self.out_scale, out):
             return None
         return out
 
@@ -202,11 +207,11 @@ class Program:
         flags = x.flags
         # Another dtype, a byte-swapped float32 among them (numba refuses it), or a read-only or
         # misaligned array (another numba type, another compile) takes run(): exact for any values.
-        if x.dtype != _F32 or not (flags.c_contiguous and flags.writeable and flags.aligned):
-            y = self.run(x)
+        if x.dtype != _F32 or not (flags.c_contiguous and flags.writeable and flags.aligned) or x.ndim != 2 or x.shape[1] != self.n_in:
+            y = self.run(x)  # (which refuses a wrong shape)
             return None if y is None else y.astype(np.float32)
         out = np.empty((x.shape[0], self.n_out), dtype=np.float32)
-        if not _run_rows(x, self.prog, self.data, self.in_scale, self.out_scale, out):
+        if not _ENTRY.get("f", _run_rows)(x, self.prog, self.data, self.in_scale, self.out_scale, out):
             return None
         return out
 
@@ -275,6 +280,7 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
         float(2.0 ** -t.F),  # t: the last layer's result type
         layers[-1].n_out,
         tuple(arrays),
+        layers[0].n_in,
     )
 
 
@@ -406,6 +412,16 @@ def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[in
     return int(table.min()), int(table.max())
 
 
+# The kernel's two compiled signatures (see warm_up), called without numba's dispatcher. The
+# dispatcher types every argument on every call (six here) to pick the overload: ~0.2 us warm, but
+# ~3 us once its code has left the caches (a server at one connection; BENCHMARKS.md, round 8), and
+# about a fifth of a one-row request's kernel call in-process (round 12). Program's callers pass
+# exactly these types, checked where they are not certain (run_fp32's flags, run's conversion):
+# an entry point reads its arguments as its signature says, without checking their dtypes or
+# dimensions. Filled by warm_up; until then the dispatcher serves.
+_ENTRY: dict[str, object] = {}
+
+
 # ---------------------------------------------------------------------------------------- cache
 _PROGRAMS: dict[tuple[int, int], tuple] = {}
 _CACHE_SIZE = 64
@@ -468,8 +484,9 @@ def _warn_once() -> None:
 
 def warm_up() -> float:
     """Compile the kernel's two signatures (float64 rows in and out, :meth:`Program.run`; FP32
-    both ways, :meth:`Program.run_fp32`), or load them from numba's disk cache; the seconds it took
-    (0 when both were already loaded or numba is missing). One kernel serves every model."""
+    both ways, :meth:`Program.run_fp32`), or load them from numba's disk cache, and keep their entry
+    points for programs to call without the dispatcher (``_ENTRY``); the seconds it took (0 when
+    both were already loaded or numba is missing). One kernel serves every model."""
     if _NUMBA is None:
         return 0.0
     known = len(_run_rows.signatures)
@@ -478,6 +495,11 @@ def warm_up() -> float:
     p = compile_program("ap_fixed<8,4>", (layer,), {"w.weight": np.ones((1, 1), dtype=np.int64), "w.bias": np.zeros(1, dtype=np.int64)})
     p.run(np.zeros((1, 1)))
     p.run_fp32(np.zeros((1, 1), dtype=np.float32))
+    rows = {"d": numba.float64, "f": numba.float32}
+    for code, dt in rows.items():
+        a = numba.types.Array(dt, 2, "C")
+        i64 = numba.types.Array(numba.int64, 1, "C")
+        _ENTRY[code] = _run_rows.get_overload((a, i64, i64, numba.float64, numba.float64, a))
     if len(_run_rows.signatures) == known:  # both were there: nothing compiled or loaded
         return 0.0
     dt = time.perf_counter() - t0

@@ -408,3 +408,49 @@ def test_warm_up_compiles_both_signatures_and_says_when_it_did_nothing():
     assert any(s[0].startswith("array(float64, 2d, C") and s[-1].startswith("array(float64, 2d, C") for s in sigs)
     assert any(s[0].startswith("array(float32, 2d, C") and s[-1].startswith("array(float32, 2d, C") for s in sigs)
     assert fused.warm_up() == 0.0
+
+
+def _misaligned(a: np.ndarray) -> np.ndarray:
+    """A writable copy of ``a`` one byte off its dtype's alignment."""
+    buf = bytearray(a.nbytes + 1)
+    m = np.frombuffer(buf, dtype=a.dtype, offset=1, count=a.size).reshape(a.shape)
+    m[...] = a
+    assert not m.flags.aligned and m.flags.writeable
+    return m
+
+
+def test_warmed_programs_call_the_compiled_entry_points_for_every_layout(monkeypatch):
+    # After warm_up a program calls its two compiled overloads directly, never numba's
+    # dispatcher (which types all six arguments on every call): every float64 layout run() gets
+    # (read-only, misaligned, Fortran-ordered, another dtype) becomes the one compiled type first,
+    # and the answers are the NumPy reference's, bit for bit.
+    fused.warm_up()
+    assert set(fused._ENTRY) == {"d", "f"}
+    spec, _ = random_spec(5)
+    tensors = spec.tensors()
+    prog = fused.program_for(spec.input_type, spec.layers, tensors)
+    x = _inputs(np.random.default_rng(5), 64, spec.n_features, spec.input_type)
+    want = _general(spec.input_type, spec.layers, tensors, x, monkeypatch)
+    x32 = x.astype(np.float32)
+    want32 = _general(spec.input_type, spec.layers, tensors, x32.astype(np.float64), monkeypatch).astype(np.float32)
+    monkeypatch.setattr(fused, "_run_rows", lambda *a: pytest.fail("a warmed program went through the dispatcher"))
+    ro = x.copy()
+    ro.setflags(write=False)
+    for rows in (x, ro, _misaligned(x), np.asfortranarray(x), x.astype(">f8")):
+        np.testing.assert_array_equal(prog.run(rows).view(np.uint64), np.ascontiguousarray(want).view(np.uint64))
+    for rows in (x32, _misaligned(x32), x32.astype(">f4")):
+        got = prog.run_fp32(rows)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(_bits(got), _bits(want32))
+
+
+def test_a_program_refuses_rows_of_another_shape():
+    # The kernel sizes its buffers from the program, not from x: rows of another width (or a
+    # tensor of other rank) would be read and written past them, so they are refused first.
+    spec, _ = random_spec(6)
+    prog = fused.program_for(spec.input_type, spec.layers, spec.tensors())
+    nf = spec.n_features
+    for bad in (np.zeros((2, nf + 1)), np.zeros((2, nf - 1)), np.zeros(nf), np.zeros((1, 2, nf))):
+        for run, rows in ((prog.run, bad), (prog.run_fp32, bad.astype(np.float32))):
+            with pytest.raises(ValueError, match=rf"expected rows \[B, {nf}\]"):
+                run(rows)
