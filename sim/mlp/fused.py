@@ -180,6 +180,13 @@ class Program:
     arrays: tuple  # (name, array, snapshot or None): see plan._current
     n_in: int  # features a row: the kernel's buffers are sized from the program, not from x
 
+    def __post_init__(self) -> None:
+        # The compiled entry points take these as their signature says, unchecked (see _ENTRY).
+        for name in ("prog", "data"):
+            a = getattr(self, name)
+            if not (isinstance(a, np.ndarray) and a.dtype == np.int64 and a.ndim == 1 and a.flags.c_contiguous and a.flags.aligned):
+                raise TypeError(f"Program.{name}: expected a C-contiguous 1-D int64 array")
+
     def run(self, x: np.ndarray) -> np.ndarray | None:
         """Float64 outputs of float64 rows ``x`` [B, F]; None where a value needs the bit-level
         quantization (|x * 2**F| >= 2**62, inf, NaN): then take the general path."""

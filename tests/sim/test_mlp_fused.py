@@ -11,6 +11,7 @@ table edges, input ties and the float quantization's limit.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 
 import numpy as np
@@ -454,3 +455,13 @@ def test_a_program_refuses_rows_of_another_shape():
         for run, rows in ((prog.run, bad), (prog.run_fp32, bad.astype(np.float32))):
             with pytest.raises(ValueError, match=rf"expected rows \[B, {nf}\]"):
                 run(rows)
+
+
+def test_a_program_is_built_only_from_int64_vectors():
+    # Its two vectors go to the compiled entry points unchecked: another dtype, rank or layout is
+    # refused when the program is made, not read as int64 by the kernel.
+    spec, _ = random_spec(7)
+    prog = fused.program_for(spec.input_type, spec.layers, spec.tensors())
+    for name, bad in (("prog", prog.prog.astype(np.int32)), ("data", prog.data.reshape(1, -1)), ("data", prog.data[::-1]), ("prog", list(prog.prog))):
+        with pytest.raises(TypeError, match=f"Program.{name}: expected a C-contiguous 1-D int64 array"):
+            dataclasses.replace(prog, **{name: bad})
