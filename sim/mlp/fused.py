@@ -422,8 +422,9 @@ def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[in
 # The kernel's two compiled signatures (see warm_up), called without numba's dispatcher. The
 # dispatcher types every argument on every call (six here) to pick the overload: ~0.2 us warm, but
 # ~3 us once its code has left the caches (a server at one connection; BENCHMARKS.md, round 8), and
-# about a fifth of a one-row request's kernel call in-process (round 12). Program's callers pass
-# exactly these types, checked where they are not certain (run_fp32's flags, run's conversion):
+# with Program's own frame 2.6 of the 9.6 us a one-row request's kernel call costs in-process (round 12). Program's callers pass
+# exactly these types, checked where they are not certain (run_fp32's flags, run's conversion,
+# the program's own vectors when it is made):
 # an entry point reads its arguments as its signature says, without checking their dtypes or
 # dimensions. Filled by warm_up; until then the dispatcher serves.
 _ENTRY: dict[str, object] = {}
@@ -502,11 +503,10 @@ def warm_up() -> float:
     p = compile_program("ap_fixed<8,4>", (layer,), {"w.weight": np.ones((1, 1), dtype=np.int64), "w.bias": np.zeros(1, dtype=np.int64)})
     p.run(np.zeros((1, 1)))
     p.run_fp32(np.zeros((1, 1), dtype=np.float32))
-    rows = {"d": numba.float64, "f": numba.float32}
-    for code, dt in rows.items():
-        a = numba.types.Array(dt, 2, "C")
-        i64 = numba.types.Array(numba.int64, 1, "C")
-        _ENTRY[code] = _run_rows.get_overload((a, i64, i64, numba.float64, numba.float64, a))
+    vec = numba.types.Array(numba.int64, 1, "C")
+    for code, dt in (("d", numba.float64), ("f", numba.float32)):
+        rows = numba.types.Array(dt, 2, "C")
+        _ENTRY[code] = _run_rows.get_overload((rows, vec, vec, numba.float64, numba.float64, rows))
     if len(_run_rows.signatures) == known:  # both were there: nothing compiled or loaded
         return 0.0
     dt = time.perf_counter() - t0
