@@ -420,13 +420,13 @@ def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[in
 
 
 # The kernel's two compiled signatures (see warm_up), called without numba's dispatcher. The
-# dispatcher types every argument on every call (six here) to pick the overload: ~0.2 us warm, but
-# ~3 us once its code has left the caches (a server at one connection; BENCHMARKS.md, round 8), and
-# with Program's own frame 2.6 of the 9.6 us a one-row request's kernel call costs in-process (round 12). Program's callers pass
-# exactly these types, checked where they are not certain (run_fp32's flags, run's conversion,
-# the program's own vectors when it is made):
-# an entry point reads its arguments as its signature says, without checking their dtypes or
-# dimensions. Filled by warm_up; until then the dispatcher serves.
+# dispatcher types every argument on every call (six here) to pick the overload: ~0.2 us warm,
+# ~3 us once its code has left the caches (a server at one connection; BENCHMARKS.md, round 8);
+# with Program's own frame, 2.6 of the 9.6 us a one-row request's kernel call costs in-process
+# (round 12). An entry point reads its arguments as its signature says, checking neither dtype nor
+# rank, so Program's callers pass exactly these types: checked where they are not certain
+# (run_fp32's flags, run's conversion, the program's own vectors when it is made). Filled by
+# warm_up; until then the dispatcher serves.
 _ENTRY: dict[str, object] = {}
 
 
