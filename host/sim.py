@@ -7,7 +7,6 @@ compiled at ``load()``, so no request pays the JIT; the seconds are in ``info().
 
 from __future__ import annotations
 
-import functools
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Mapping
@@ -71,35 +70,36 @@ class SimDevice:
         kind.validate(k.spec, k.tensors, inputs)
         return kind.reference(k.spec, k.tensors, inputs)
 
-    def bind_validated(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-        """:meth:`run` of ``handle`` as one prepared call, for inputs that already passed the kind's
-        input check for this kernel (the mlp kind's ``validate_inputs``: the scoring service checks
-        every request before queueing it). Skips :meth:`run`'s per-call check of the inputs and of
-        the resident tensors, which were checked once, at :meth:`load`, and are read-only since,
-        and its per-call lookups (the kind's ``bind``, where it has one). Unchecked inputs give
-        undefined outputs here: anyone else calls :meth:`run`. A closed device refuses it as run does.
+    def bind_rows(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[[np.ndarray], np.ndarray] | None:
+        """:meth:`run` of ``handle`` as one prepared call from rows to rows (the kernel's one
+        input and one output; an ndarray in), for rows that already passed the kind's input check
+        for this kernel (the mlp kind's ``validate_inputs``: the scoring service checks every
+        request before queueing it); None for a kind with no ``bind_rows`` (then call :meth:`run`).
+        Skips :meth:`run`'s per-call check of the inputs and of the resident tensors, which were
+        checked once, at :meth:`load`, and are read-only since, its per-call lookups, and the
+        mappings around the rows. Unchecked rows give undefined outputs here: anyone else calls
+        :meth:`run`. A closed device refuses it as run does.
 
-        ``fp32``: inputs of FP32 values and every output as float32, bit for bit run's outputs
-        ``.astype(np.float32)`` (the kind's ``bind`` does the rounding where it has one): what a
-        server whose wire type is FP32 asks for.
+        ``fp32``: rows of FP32 values and the output as float32, bit for bit run's output
+        ``.astype(np.float32)`` (the kind's ``bind_rows`` does the rounding): what a server
+        whose wire type is FP32 asks for.
 
         Example::
 
-            score = dev.bind_validated(h)
-            y = score({"x": checked_rows})["y"]
+            score = dev.bind_rows(h)
+            y = score(checked_rows)
         """
         self._check_open()
         k = self._get(handle)
         kind = get_kind(k.kind)
-        if kind.bind is not None:
-            run = kind.bind(k.spec, k.tensors, fp32=fp32)
-        else:
-            full = functools.partial(kind.run_checked or kind.reference, k.spec, k.tensors)  # run_checked: its checks are part of the one compiled pass
-            run = (lambda inputs: {n: v.astype(np.float32) for n, v in full(inputs).items()}) if fp32 else full
+        if kind.bind_rows is None:
+            return None
+        rows = kind.bind_rows(k.spec, k.tensors, fp32=fp32)
 
-        def call(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            self._check_open()
-            return run(inputs)
+        def call(x: np.ndarray) -> np.ndarray:
+            if self._closed:  # _check_open's test inline: its frame only when it raises
+                self._check_open()
+            return rows(x)
 
         return call
 

@@ -330,19 +330,11 @@ def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[
     return {"y": simulate(spec.input_type, spec.layers, tensors, x)}
 
 
-def bind(spec: MlpSpec, tensors: Mapping[str, np.ndarray], *, fp32: bool = False) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-    """:func:`reference` for these (from now on constant) tensors as one prepared call; ``fp32``:
-    inputs of FP32 values, ``y`` as float32 (see the registry's ``bind``)."""
-    if fp32:
-        run32 = bind_simulate(spec.input_type, spec.layers, tensors, fp32=True)
-
-        def call(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            x = inputs["x"]  # float32 rows stay float32; an array needs no NumPy call at all
-            return {"y": run32(x if type(x) is np.ndarray else np.asarray(x))}
-
-        return call
-    run = bind_simulate(spec.input_type, spec.layers, tensors)
-    return lambda inputs: {"y": run(np.asarray(inputs["x"], dtype=np.float64))}
+def bind_rows(spec: MlpSpec, tensors: Mapping[str, np.ndarray], *, fp32: bool = False) -> Callable[[np.ndarray], np.ndarray]:
+    """:func:`reference`'s ``y`` for these (from now on constant) tensors as one prepared call
+    on the rows ``x`` (an ndarray); ``fp32``: rows of FP32 values in, ``y`` as float32 (see the
+    registry's ``bind_rows``)."""
+    return bind_simulate(spec.input_type, spec.layers, tensors, fp32=fp32)
 
 
 def golden_inputs(spec: MlpSpec, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
@@ -373,4 +365,4 @@ def prepare(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dict[str,
 
 
 KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,
-                                tensor_shapes=MlpSpec.tensor_shapes, prepare=prepare, bind=bind))
+                                tensor_shapes=MlpSpec.tensor_shapes, prepare=prepare, bind_rows=bind_rows))

@@ -53,13 +53,15 @@ class KernelKind:
     - ``run_checked(spec, tensors, inputs)`` (optional) is ``validate`` then ``reference`` in one
       pass, bit for bit the same outputs and the same errors; devices that compute on the host use
       it when the kind has one.
-    - ``bind(spec, tensors, *, fp32)`` (optional) returns ``reference`` for these resident tensors as
-      one prepared call, ``inputs -> outputs``, for inputs already validated; the tensors must not
-      change from then on. Host-memory devices bind once per loaded kernel where the kind has one.
-      With ``fp32`` true the inputs hold FP32 values (float32, or float64 holding them) and every
-      output comes as float32, bit for bit ``reference``'s output ``.astype(np.float32)``: the
-      call a server whose wire type is FP32 makes, with the rounding done where the kind can do it
-      for free (the mlp kind: in its compiled kernel).
+    - ``bind_rows(spec, tensors, *, fp32)`` (optional), for a kind of one input and one output
+      (the mlp kind: rows ``x`` to ``y``), returns that output of ``reference`` for these resident
+      tensors as one prepared call, ``rows -> rows`` (ndarrays), for inputs already validated; the
+      tensors must not change from then on. Host-memory devices bind once per loaded kernel where
+      the kind has one. With ``fp32`` true the rows hold FP32 values (float32, or float64 holding
+      them) and the output comes as float32, bit for bit ``reference``'s ``.astype(np.float32)``:
+      the call a server whose wire type is FP32 makes, with the rounding done where the kind can
+      do it for free (the mlp kind: in its compiled kernel). Rows, not mappings: a server's
+      one-row call pays for every frame and dict on its way (BENCHMARKS.md, round 13).
     """
 
     name: str
@@ -71,7 +73,7 @@ class KernelKind:
     tensor_shapes: Callable[[Any], Mapping[str, tuple[int, ...]]] | None = None
     prepare: Callable[[Any, Arrays], tuple[dict[str, np.ndarray], float]] | None = None
     run_checked: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]] | None = None
-    bind: Callable[..., Callable[[Arrays], dict[str, np.ndarray]]] | None = None  # (spec, tensors, *, fp32)
+    bind_rows: Callable[..., Callable[[np.ndarray], np.ndarray]] | None = None  # (spec, tensors, *, fp32)
 
 
 @dataclass

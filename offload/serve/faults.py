@@ -152,16 +152,18 @@ class FailoverRunner:
         return self._inline
 
     @staticmethod
-    def _bound(dev: Device, handle: KernelHandle) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None:
-        """The sim device's prepared reference call for this handle; None for any other device.
-        The reference itself, on rows the service checked before queueing them: the device's
-        per-call input check and the output check (a [rows, n_out] of finite numbers, which the
-        fixed-point reference always is; its FP32 rounding may make a value past FP32's range an
-        infinity, as the encoders' cast did before the rounding moved here) refuse nothing. Only the SimDevice class itself: a
-        subclass (a test's hostile device) may override ``run`` and must keep every check.
-        FP32 both ways (``fp32=True``): the service's wire type, so its float32 rows go in as they
-        are and the outputs come back rounded to FP32 by the kernel, with no NumPy conversion."""
-        return dev.bind_validated(handle, fp32=True) if type(dev) is SimDevice else None
+    def _bound(dev: Device, handle: KernelHandle) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The sim device's prepared rows-to-rows reference call for this handle; None for any
+        other device. The reference itself, on rows the service checked before queueing them: the
+        device's per-call input check and the output check (a [rows, n_out] of finite numbers,
+        which the fixed-point reference always is; its FP32 rounding may make a value past FP32's
+        range an infinity, as the encoders' cast did before the rounding moved here) refuse
+        nothing. Only the SimDevice class itself: a subclass (a test's hostile device) may
+        override ``run`` and must keep every check. FP32 both ways (``fp32=True``): the service's
+        wire type, so its float32 rows go in as they are and the outputs come back rounded to FP32
+        by the kernel, with no NumPy conversion. Rows, not mappings: three frames from here to the
+        compiled kernel, no dict (BENCHMARKS.md, round 13)."""
+        return dev.bind_rows(handle, fp32=True) if type(dev) is SimDevice else None
 
     def run_inline(self, x: np.ndarray) -> tuple[np.ndarray, str]:
         """:meth:`run` for an :attr:`inline` runner, as a plain call: the batcher's lone request
@@ -173,7 +175,7 @@ class FailoverRunner:
             t0 = time.perf_counter()
             try:
                 if fast is not None:
-                    y = fast({"x": x})["y"]
+                    y = fast(x)
                 else:
                     y = as_fp32(self._checked(dev.run(handle, {"x": x}, timeout=self.timeout_s), x.shape[0], self.device_spec))
                 self._compute.observe(time.perf_counter() - t0)

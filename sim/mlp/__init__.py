@@ -113,11 +113,9 @@ def bind(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.n
                 return y
         return simulate(input_type, layers, tensors, x)
 
-    def run_fp32(x: np.ndarray) -> np.ndarray:
-        if prog is not None and datapath._FAST_DENSE and x.ndim == 2 and x.shape[0] > 0 and x.shape[1] == n_in:
-            y = prog.run_fp32(x)
-            if y is not None:
-                return y
+    def general_fp32(x: np.ndarray) -> np.ndarray:
         return simulate(input_type, layers, tensors, np.asarray(x, dtype=np.float64)).astype(np.float32)
 
-    return run_fp32 if fp32 else run
+    if fp32:  # the compiled pass with no frame of ours above it (Program.bind_fp32)
+        return general_fp32 if prog is None else prog.bind_fp32(general_fp32)
+    return run

@@ -48,11 +48,12 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from offload.sim.fixed import FixedType, add_type, mul_type
+from offload.sim.mlp import datapath
 from offload.sim.mlp.datapath import _TABLE_SPAN, MlpLayer, _cast, _ftype, activation_table
 
 try:  # a core dependency; missing only in a broken install, where the NumPy paths still work
@@ -221,6 +222,38 @@ class Program:
         if not _ENTRY.get("f", _run_rows)(x, self.prog, self.data, self.in_scale, self.out_scale, out):
             return None
         return out
+
+    def bind_fp32(self, general: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+        """:meth:`run_fp32` as one prepared call that always answers, for a caller with an exact
+        path of its own: the rows the compiled pass does not take (another dtype, layout or shape,
+        no rows, values past the float quantization, the shortcuts switched off) go to
+        ``general(x)``, which must give what ``run_fp32`` would. ``x`` is an ndarray.
+
+        One frame between the caller and the compiled kernel, its arguments held in the closure:
+        a scoring service's one-row call at one connection pays for every frame, attribute and
+        check on its way, once their code has left the caches (BENCHMARKS.md, round 13).
+
+        Example::
+
+            score = prog.bind_fp32(lambda x: simulate(t, layers, tensors, x.astype(np.float64)).astype(np.float32))
+            y = score(rows)
+        """
+        prog, data, in_scale, out_scale, n_in, n_out = self.prog, self.data, self.in_scale, self.out_scale, self.n_in, self.n_out
+        entry = _ENTRY.get("f", _run_rows)  # warm_up ran at the kind's prepare; else the dispatcher
+        empty, f32 = np.empty, _F32
+
+        def run(x: np.ndarray) -> np.ndarray:
+            # run_fp32's checks, cheapest first; "is": a native float32 array's dtype is NumPy's
+            # one instance (an equal dtype that is not takes the general path: same answer).
+            if datapath._FAST_DENSE and x.dtype is f32 and x.ndim == 2 and x.shape[1] == n_in and x.shape[0]:
+                flags = x.flags
+                if flags.c_contiguous and flags.writeable and flags.aligned:
+                    out = empty((x.shape[0], n_out), f32)
+                    if entry(x, prog, data, in_scale, out_scale, out):
+                        return out
+            return general(x)
+
+        return run
 
 
 def compile_program(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program | None:

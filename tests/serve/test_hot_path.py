@@ -87,11 +87,11 @@ def test_the_sim_devices_validated_run_is_its_checked_run(bundle):
     dev = SimDevice()
     h = dev.load(next(iter(bundle.kernels.values())))
     x = np.random.default_rng(2).normal(scale=4.0, size=(37, 16)).astype(np.float32).astype(np.float64)
-    bound = dev.bind_validated(h)
-    np.testing.assert_array_equal(bound({"x": x})["y"], dev.run(h, {"x": x})["y"])
+    bound = dev.bind_rows(h)
+    np.testing.assert_array_equal(bound(x), dev.run(h, {"x": x})["y"])
     dev.close()
     with pytest.raises(DeviceError, match="closed"):
-        bound({"x": x})
+        bound(x)
 
 
 class _NanSim(SimDevice):
@@ -102,6 +102,42 @@ class _NanSim(SimDevice):
         y = super().run(handle, inputs, timeout)["y"].copy()
         y[0, 0] = np.nan
         return {"y": y}
+
+
+def test_the_runners_inline_call_reaches_the_compiled_kernel_through_two_frames(bundle, monkeypatch):
+    # Runner -> the device's bound call -> the program's bound call -> the compiled entry point:
+    # no kind, mapping or Program.run_fp32 frame between them (each cost the one-row call at one
+    # connection ~0.5-1 us), and the answer is still the checked run's, rounded to FP32.
+    import sys
+
+    from offload.sim.mlp import fused
+
+    fused.warm_up()
+    real = fused._ENTRY["f"]
+    stacks: list[list[str]] = []
+
+    def entry(*args):
+        names, f = [], sys._getframe(1)
+        while f is not None and f.f_code.co_name != "run_inline":
+            names.append(f.f_code.co_name)
+            f = f.f_back
+        if f is not None:  # (the device's load runs the kernel too: its warm-up)
+            stacks.append(names)
+        return real(*args)
+
+    monkeypatch.setitem(fused._ENTRY, "f", entry)  # the bound calls take their entry point when made,
+    monkeypatch.setattr(fused, "warm_up", lambda: 0.0)  # after the device's load has warmed up
+    kernel = next(iter(bundle.kernels.values()))
+    r = FailoverRunner(kernel, "sim", n_out=1, fallback="503", metrics=ServeMetrics(), model="risk")
+    try:
+        x = np.random.default_rng(4).normal(scale=4.0, size=(1, 16)).astype(np.float32)
+        y, device = r.run_inline(x)
+    finally:
+        r.close()
+    assert stacks == [["run", "call"]] and device == "sim"
+    dev = SimDevice()
+    want = dev.run(dev.load(kernel), {"x": x.astype(np.float64)})["y"].astype(np.float32)
+    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
 
 
 def test_only_the_sim_device_itself_skips_the_output_check(bundle):
@@ -520,24 +556,18 @@ def test_the_shortcut_reads_every_number_text_to_the_doubles_the_general_parser_
 
 def test_the_sim_devices_fp32_call_is_its_run_rounded_to_fp32(bundle):
     # What the service binds: FP32 rows in, float32 outputs out, each bit pattern that of the
-    # checked run's float64 output cast to FP32; and for a kind with no bind of its own, the
-    # same rounding of its reference's outputs.
-    from _scale_add import make_inputs, make_kernel
+    # checked run's float64 output cast to FP32; a kind with no rows binding has no bound call.
+    from _scale_add import make_kernel
 
     dev = SimDevice()
     h = dev.load(next(iter(bundle.kernels.values())))
     x = np.random.default_rng(3).normal(scale=4.0, size=(37, 16)).astype(np.float32)
-    y = dev.bind_validated(h, fp32=True)({"x": x})["y"]
+    y = dev.bind_rows(h, fp32=True)(x)
     want = dev.run(h, {"x": x.astype(np.float64)})["y"].astype(np.float32)
     assert y.dtype == np.float32
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
     hs = dev.load(make_kernel())
-    inputs = make_inputs()
-    got = dev.bind_validated(hs, fp32=True)(inputs)
-    ref = dev.run(hs, inputs)
-    assert set(got) == set(ref) and all(got[k].dtype == np.float32 for k in got)
-    for k in ref:
-        np.testing.assert_array_equal(got[k], ref[k].astype(np.float32))
+    assert dev.bind_rows(hs, fp32=True) is None  # no rows binding: the caller runs it checked
     dev.close()
 
 

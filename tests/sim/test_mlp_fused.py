@@ -443,6 +443,15 @@ def test_warmed_programs_call_the_compiled_entry_points_for_every_layout(monkeyp
         got = prog.run_fp32(rows)
         assert got.dtype == np.float32
         np.testing.assert_array_equal(_bits(got), _bits(want32))
+    # The bound call: the compiled pass for the rows it takes, the caller's general path for the
+    # rest (here run_fp32, itself proven above), the same bits either way.
+    general: list[np.ndarray] = []
+    score = prog.bind_fp32(lambda r: general.append(r) or prog.run_fp32(r))
+    for rows, via_general in ((x32, False), (_misaligned(x32), True), (x32.astype(">f4"), True), (x, True), (x32[:0], True)):
+        n = len(general)
+        got = score(rows)
+        assert got.dtype == np.float32 and len(general) == n + via_general
+        np.testing.assert_array_equal(_bits(got), _bits(want32[: len(rows)]))
 
 
 def test_a_program_refuses_rows_of_another_shape():
