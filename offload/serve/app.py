@@ -28,7 +28,7 @@ from offload.serve.errors import BodyTooLarge, InvalidRequest, ServeError, Unkno
 from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from offload.serve.model import ServedModel, served_model
-from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, InferRequest, encode_infer, encode_json_rows, json_row_values, parse_infer, stack_rows
+from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, InferRequest, encode_infer, encode_json, encode_json_rows, json_row_values, parse_infer, stack_rows
 from offload.sim.errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["create_app", "ScoringService"]
@@ -271,11 +271,14 @@ class ScoringService:
 
     def _encode_json(self, rid: str | None, shared: BatchOut, off: int, n: int) -> bytes:
         model = self.model
-        # The batch's values are encoded once, by whichever of its requests comes first; a batch
-        # of one request takes the same path (one encoder on the hot path, not two).
+        # The batch's values are encoded once, by whichever of its requests comes first, as one
+        # text a row; a request that is its whole batch (a lone one) needs no row texts.
         rows = shared.derived
         if rows is None:
-            rows = shared.derived = json_row_values(shared.y)
+            y = shared.y
+            if n == y.shape[0]:
+                return encode_json(model.name, model.version, rid, y, model.output)
+            rows = shared.derived = json_row_values(y)
         return encode_json_rows(model.name, model.version, rid, rows, off, n, model.output)
 
     def _finish(self, err: ServeError, t0: float):
