@@ -9,7 +9,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import numpy as np
 import orjson
@@ -220,14 +220,20 @@ class ScoringService:
             status, out, headers = await self._score(body, request.headers.get(HEADER_LENGTH), time.perf_counter())
         return Response(out, status_code=status, headers=headers)
 
-    async def infer_rows(self, x: np.ndarray) -> np.ndarray:
-        """The one data plane of both protocols: the kernel's input check, then the batcher.
-        ``x`` is [n, F] FP32 values (float32, or float64 holding them); returns this request's own
-        output rows."""
-        if not self._started:
-            await self._ensure_started()
+    def submit_rows(self, x: np.ndarray) -> tuple[BatchOut, int, int] | Awaitable[tuple[BatchOut, int, int]]:
+        """The one data plane of both protocols for rows that came as an array: the kernel's input
+        check, then the batcher (:meth:`DynamicBatcher.submit`'s answer, or its awaitable: await
+        it at once, in the caller's own frame). ``x`` is [n, F] FP32 values (float32, or float64
+        holding them). The service must have started (``_ensure_started``). REST's hot path takes
+        the same two steps, the check only for rows its parser did not prove finite.
+
+        Example::
+
+            r = svc.submit_rows(rows)
+            out, off, n = r if type(r) is tuple else await r     # rows off:off+n of out.y
+        """
         self._check_rows(x)
-        return await self.batcher.infer(x, self._timeout_s)
+        return self.batcher.submit(x, self._timeout_s)
 
     def _check_rows(self, x: np.ndarray) -> None:
         try:

@@ -1,7 +1,7 @@
 """The Open Inference Protocol v2 over gRPC (``inference.GRPCInferenceService``, the service KServe
 specifies and Triton serves), beside the REST routes: one data plane, two protocols.
 
-Both protocols end in :meth:`ScoringService.infer_rows`: the same input check, the same
+Both protocols end in :meth:`ScoringService.submit_rows`'s two steps: the same input check, the same
 :class:`~offload.serve.batcher.DynamicBatcher` and :class:`~offload.serve.faults.FailoverRunner`,
 the same latency histogram and error counter. Errors come from the one table in
 :mod:`offload.serve.errors` (its gRPC column); every response is counted in
@@ -113,6 +113,9 @@ class OipGrpc:
         self._want = svc.config.api_key.encode() if svc.config.api_key else None
         self._hist = svc.metrics.request_duration.labels(model=m.name)
         self._codes: dict[str, Any] = {}
+        # The hot path's OK counter, added to directly (a LoopCounter child: a plain number);
+        # exported as 0 from the start, as REST's 200s are.
+        self._ok = self._codes["OK"] = svc.metrics.grpc_responses.labels(code="OK")
         meta = m.metadata()
         tensors = lambda ts: [pb.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in ts]  # noqa: E731
         self._model_meta = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"], inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"]))
@@ -205,7 +208,12 @@ class OipGrpc:
             self._check_auth(call)
             self._check_model(request.model_name, request.model_version)
             x, raw = parse_grpc_infer(request, model.input, model.output, svc.config.max_batch_size)
-            y = await svc.infer_rows(x)
+            if not svc._started:
+                await svc._ensure_started()
+            # The batcher's awaitable awaited in this frame (each coroutine between the RPC and
+            # its future is a frame on every resume, as on REST's hot path).
+            r = svc.submit_rows(x)
+            shared, off, n = r if type(r) is tuple else await r
         except ServeError as e:
             self._hist.observe(time.perf_counter() - t0)
             raise self._fail(e) from None
@@ -219,6 +227,9 @@ class OipGrpc:
             left = call.time_remaining()
             self.count("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
             raise
+        y = shared.y
+        if n != y.shape[0]:  # its rows of a shared batch (a lone request's are the batch: no slice, a NumPy call)
+            y = y[off : off + n]
         y32 = as_fp32(y)  # the runner's rows are C-ordered float32 already: no NumPy call
         out = pb.ModelInferResponse.InferOutputTensor(name=model.output.name, datatype="FP32", shape=y32.shape)
         if raw:
@@ -227,7 +238,7 @@ class OipGrpc:
             out.contents.fp32_contents.extend(y32.ravel().tolist())
             resp = pb.ModelInferResponse(model_name=self._name, model_version=self._version, id=request.id, outputs=[out])
         self._hist.observe(time.perf_counter() - t0)
-        self.count("OK")
+        self._ok.value += 1
         return resp
 
 

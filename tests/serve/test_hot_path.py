@@ -692,3 +692,42 @@ def test_a_request_waiting_on_its_batch_suspends_in_one_frame_of_the_service(bun
     names, status = asyncio.run(go())
     assert status == 200
     assert names == ["app"]
+
+
+def test_an_rpc_waiting_on_its_batch_suspends_in_one_frame_of_the_service(bundle):
+    """As on REST: between the RPC's handler and the batcher's future no other coroutine of the
+    service (each is entered and left on every resume), and the answer is the checked run's."""
+    import os
+
+    import offload.serve.app as app_module
+    from offload.serve.grpc_server import Call
+    from offload.serve.oip_grpc import OipGrpc
+    from offload.serve.proto import grpc_predict_v2_pb2 as pb
+
+    svc = ScoringService(bundle, ServeConfig(device="sim", max_queue_delay_us=20_000))
+    oip = OipGrpc(svc)
+    x = np.random.default_rng(15).normal(scale=4.0, size=(1, 16)).astype(np.float32)
+    tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 16])
+    request = pb.ModelInferRequest(model_name="risk", inputs=[tensor], raw_input_contents=[x.tobytes()])
+    serve_dir = os.path.dirname(app_module.__file__)
+
+    async def go():
+        await svc._ensure_started()
+        try:
+            task = asyncio.ensure_future(oip.model_infer(request, Call([], None)))
+            while svc.batcher.depth == 0:
+                await asyncio.sleep(0)
+            chain, coro = [], task.get_coro()
+            while hasattr(coro, "cr_code"):  # the suspended coroutines, outermost first, to the future
+                chain.append(coro.cr_code)
+                coro = coro.cr_await
+            resp = await task
+            return [c.co_name for c in chain if os.path.dirname(c.co_filename) == serve_dir], resp
+        finally:
+            await svc.batcher.stop()
+
+    names, resp = asyncio.run(go())
+    assert names == ["model_infer"]
+    dev = SimDevice()
+    want = dev.run(dev.load(next(iter(bundle.kernels.values()))), {"x": x.astype(np.float64)})["y"].astype(np.float32)
+    assert resp.raw_output_contents[0] == want.tobytes() and list(resp.outputs[0].shape) == [1, 1]
