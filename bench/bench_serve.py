@@ -40,11 +40,21 @@ the goal ratios are also given paired (service over floor within each sweep, whe
 same phase of the machine's load), as the median of the sweeps' ratios.
 
     .venv/bin/python bench/bench_serve.py --connections 1,8,64 --kserve [--duration 3] [--repeats 3]
+
+``--base REV`` adds, to ``--connections`` or ``--protocols``, the service as it was at git
+revision REV (a temporary worktree, run with this environment's packages by ``_at_tree.py``) in
+the same interleaved rounds: what a change did, as the paired ratio of this checkout's service
+over the base's (CPU per request and throughput; with ``--protocols``, gRPC and REST binary p50
+and server CPU from the tuned client process), round by round, where both saw the same phase of
+the machine's load.
+
+    .venv/bin/python bench/bench_serve.py --connections 1,64 --base HEAD~3 [--duration 1] [--repeats 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
@@ -153,8 +163,9 @@ def kserve_python(install_timeout_s: float) -> Path | None:
     return py
 
 
-def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with_kserve: bool, install_timeout_s: float) -> dict:
-    """Closed-loop throughput / p50 / p99 / server CPU per request at each concurrency."""
+def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with_kserve: bool, install_timeout_s: float, base: Path | None = None) -> dict:
+    """Closed-loop throughput / p50 / p99 / server CPU per request at each concurrency; with
+    ``base`` (another checkout), its service too."""
     import uvloop
 
     from bench_serve_inproc import risk_body
@@ -162,11 +173,14 @@ def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with
     from offload.loadgen.closedloop import run_closed
 
     py = sys.executable
-    ports = {"floor": _port(), "service": _port(), "kserve": _port()}
+    ports = {"floor": _port(), "service": _port(), "kserve": _port(), "base": _port()}
+    serve = ["serve", str(tmp / "risk"), "--device", "sim", "--max-queue-size", "4096", "--port"]
     cmds = {
         "floor": [py, "bench/_serve_baselines.py", "floor", "--port", str(ports["floor"])],
-        "service": [py, "-m", "offload.cli", "serve", str(tmp / "risk"), "--port", str(ports["service"]), "--device", "sim", "--max-queue-size", "4096"],
+        "service": [py, "-m", "offload.cli", *serve, str(ports["service"])],
     }
+    if base is not None:
+        cmds["base"] = [py, "bench/_at_tree.py", str(base), *serve, str(ports["base"])]
     kpy = kserve_python(install_timeout_s) if with_kserve else None
     if kpy is not None:
         cmds["kserve"] = [str(kpy), "bench/_kserve_peer.py", str(tmp / "float.npz"), "--port", str(ports["kserve"])]
@@ -221,6 +235,8 @@ def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with
     print(f"paired within each sweep, median [min, max]: throughput at {hi} {np.median(pair_thr):.2f}x [{min(pair_thr):.2f}, {max(pair_thr):.2f}], "
           f"goal met in {summary['paired_throughput_at_max_conns']['met']}/{len(pair_thr)} sweeps; CPU at {lo} {np.median(pair_cpu):.2f}x "
           f"[{min(pair_cpu):.2f}, {max(pair_cpu):.2f}], goal met in {summary['paired_cpu_at_min_conns']['met']}/{len(pair_cpu)} sweeps")
+    if "base" in res:
+        summary["service_over_base"] = _paired_over_base(runs, conns)
     if "kserve" in res:
         # Equal p99: KServe at its best throughput, against the service's best at a p99 no higher.
         kc = max(conns, key=lambda c: res["kserve"][c]["throughput"])
@@ -236,13 +252,27 @@ def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with
     return {"results": res, "summary": summary}
 
 
+def _paired_over_base(runs: dict, conns: list[int]) -> dict:
+    """This checkout's service over the base revision's, each sweep's ratio (both measured back to
+    back in it): CPU per request and throughput at each concurrency."""
+    out = {}
+    for c in conns:
+        cpu = [s["server_cpu_us_per_req"] / b["server_cpu_us_per_req"] for s, b in zip(runs[("service", c)], runs[("base", c)])]
+        thr = [s["throughput"] / b["throughput"] for s, b in zip(runs[("service", c)], runs[("base", c)])]
+        out[c] = {"cpu_median": float(np.median(cpu)), "cpu_sweeps_below": sum(r < 1 for r in cpu), "throughput_median": float(np.median(thr)), "sweeps": len(cpu)}
+        print(f"service / base at {c} connection(s), paired: CPU per request {np.median(cpu):.3f}x (below 1 in {out[c]['cpu_sweeps_below']}/{len(cpu)} sweeps), "
+              f"throughput {np.median(thr):.3f}x")
+    return out
+
+
 def _sustained(rows: list[dict], rate: float) -> bool:
     r = next(x for x in rows if x["rate"] == rate)
     return not r["errors"] and r["throughput"] >= 0.97 * rate
 
 
-def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
-    """gRPC vs REST binary, batch 1, closed loop (one request in flight), interleaved rounds."""
+def protocols(bundle: Path, rounds: int, per_round: int, base: Path | None = None) -> dict:
+    """gRPC vs REST binary, batch 1, closed loop (one request in flight), interleaved rounds;
+    with ``base`` (another checkout), its service too, from the tuned client process."""
     if "GRPC_EXPERIMENTS" in os.environ:
         print(f"note: GRPC_EXPERIMENTS={os.environ['GRPC_EXPERIMENTS']} is set: the gRPC rows without _proc2 do not use grpc core's defaults")
     import tritonclient.grpc as tgrpc
@@ -261,6 +291,12 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
         servers.append(aio)
         floor = _start([sys.executable, "bench/_serve_baselines.py", "floor", "--port", str(fport), "--grpc-port", str(fgport), "--grpcio-port", str(faport), "--h2-port", str(fhport)], fport)
         servers.append(floor)
+        base_targets: list[str] = []
+        if base is not None:
+            bport, bgport = _port(), _port()
+            based = _start([sys.executable, "bench/_at_tree.py", str(base), "serve", str(bundle), "--port", str(bport), "--grpc-port", str(bgport), "--device", "sim"], bport)
+            servers.append(based)
+            base_targets = [f"grpc_base=grpc://127.0.0.1:{bgport}", f"rest_binary_base=http://127.0.0.1:{bport}"]
         gc_, hc = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}"), thttp.InferenceServerClient(f"127.0.0.1:{port}")
         fgc, fhc = tgrpc.InferenceServerClient(f"127.0.0.1:{fgport}"), thttp.InferenceServerClient(f"127.0.0.1:{fport}")
         agc, fagc = tgrpc.InferenceServerClient(f"127.0.0.1:{agport}"), tgrpc.InferenceServerClient(f"127.0.0.1:{faport}")
@@ -271,7 +307,7 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
         # (TUNED_CLIENT_EXPERIMENTS): its gRPC calls' own thread reads the socket. Its REST rows are
         # the control: the same process, only the gRPC setting differs from this one's.
         tuned = subprocess.Popen(
-            [sys.executable, "bench/_client.py", f"grpc=grpc://127.0.0.1:{gport}", f"rest_binary=http://127.0.0.1:{port}", f"grpc_floor=grpc://127.0.0.1:{fgport}", f"rest_floor=http://127.0.0.1:{fport}", "--per-round", str(per_round)],
+            [sys.executable, "bench/_client.py", f"grpc=grpc://127.0.0.1:{gport}", f"rest_binary=http://127.0.0.1:{port}", f"grpc_floor=grpc://127.0.0.1:{fgport}", f"rest_floor=http://127.0.0.1:{fport}", *base_targets, "--per-round", str(per_round)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "GRPC_EXPERIMENTS": TUNED_CLIENT_EXPERIMENTS},
         )  # fmt: skip
         stack.callback(_end_child, tuned)
@@ -314,6 +350,10 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
             rows[f"{k}_proc2"] = remote(k)
         pid = {"grpc": proc.pid, "rest_binary": proc.pid, "grpc_grpcio": aio.pid, "grpc_floor": floor.pid, "rest_floor": floor.pid, "grpcio_floor": floor.pid, "h2_floor": floor.pid}
         pid |= {f"{k}_proc2": pid[k] for k in ("grpc", "rest_binary", "grpc_floor", "rest_floor")}
+        if base is not None:
+            for k in ("grpc_base", "rest_binary_base"):
+                rows[f"{k}_proc2"] = remote(k)
+                pid[f"{k}_proc2"] = based.pid
         lat: dict[str, list[float]] = {k: [] for k in rows}
         cpu: dict[str, float] = {k: 0.0 for k in rows}
         ccpu: dict[str, float] = {k: 0.0 for k in rows}  # the client's own process: its cost
@@ -364,6 +404,14 @@ def protocols(bundle: Path, rounds: int, per_round: int) -> dict:
     out["client_cpu_grpc_minus_rest_us_proc2"] = tc_cpu - thc_cpu
     print(f"clients' own CPU per call against the floors: tritonclient.grpc {gc_cpu:.0f} us, tritonclient.http {hc_cpu:.0f} us ({gc_cpu - hc_cpu:+.0f} us for gRPC); "
           f"second process: {tc_cpu:.0f} and {thc_cpu:.0f} us ({tc_cpu - thc_cpu:+.0f} us for gRPC)")
+    if base is not None:
+        for k in ("grpc", "rest_binary"):
+            new, old = round_p50[f"{k}_proc2"], round_p50[f"{k}_base_proc2"]
+            paired = [n / o for n, o in zip(new, old)]
+            out[f"{k}_over_base_p50_paired"] = float(np.median(paired))
+            out[f"{k}_over_base_cpu"] = out[f"{k}_proc2"]["server_cpu_us_per_req"] / out[f"{k}_base_proc2"]["server_cpu_us_per_req"]
+            print(f"{k} (second process) / the base revision's: p50 {np.median(paired):.3f}x paired (below 1 in {sum(r < 1 for r in paired)}/{rounds} rounds), "
+                  f"server CPU {out[f'{k}_over_base_cpu']:.3f}x over all rounds")
     return out
 
 
@@ -378,6 +426,7 @@ def main() -> None:
     ap.add_argument("--connections", default=None, help="closed loop at these concurrencies (e.g. 1,8,64) instead of the rate sweep")
     ap.add_argument("--kserve", action="store_true", help="--connections: add KServe's ModelServer as a peer (own venv, see above)")
     ap.add_argument("--kserve-install-timeout", type=float, default=900.0, help="seconds pip may take to install kserve")
+    ap.add_argument("--base", default=None, metavar="REV", help="--connections / --protocols: also the service at git revision REV (see above)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rates = [float(r) for r in a.rates.split(",")]
@@ -391,8 +440,13 @@ def main() -> None:
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     build_risk_bundle(tmp / "risk")
+    base = None
+    if a.base is not None:
+        base = tmp / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), a.base], check=True, capture_output=True)
+        atexit.register(subprocess.run, ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
     if a.protocols:
-        res = protocols(tmp / "risk", a.rounds, a.per_round)
+        res = protocols(tmp / "risk", a.rounds, a.per_round, base)
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=2) + "\n")
         return
@@ -401,7 +455,7 @@ def main() -> None:
     model = train_float_model(x, y, seed=0)
     np.savez(tmp / "float.npz", **{k: v.detach().numpy() for k, v in model.state_dict().items()})
     if a.connections:
-        out = connections(tmp, [int(c) for c in a.connections.split(",")], a.duration, a.repeats, a.kserve, a.kserve_install_timeout)
+        out = connections(tmp, [int(c) for c in a.connections.split(",")], a.duration, a.repeats, a.kserve, a.kserve_install_timeout, base)
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
         return

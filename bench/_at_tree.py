@@ -1,0 +1,41 @@
+"""Runs ``offload``'s CLI from another checkout of this repository (a git worktree of an older
+revision, for ``bench_serve_revs.py``) with this environment's dependencies.
+
+The editable install maps the ``offload`` packages to this checkout's folders; a meta path finder
+put ahead of it maps them to the other tree's instead, as that tree's pyproject ``package-dir``
+says (``offload.sim`` is ``sim/``, ...). Subpackages are then found under their parents' paths,
+as usual.
+
+    python bench/_at_tree.py TREE serve BUNDLE --port 8000
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import runpy
+import sys
+import tomllib
+from pathlib import Path
+
+
+class _TreeFinder:
+    def __init__(self, tree: Path) -> None:
+        conf = tomllib.loads((tree / "pyproject.toml").read_text())
+        self.dirs = {name: tree / d for name, d in conf["tool"]["setuptools"]["package-dir"].items()}
+
+    def find_spec(self, name, path=None, target=None):
+        d = self.dirs.get(name)
+        if d is None:
+            return None  # a subpackage or module: found under its parent's (mapped) path
+        return importlib.util.spec_from_file_location(name, d / "__init__.py", submodule_search_locations=[str(d)])
+
+
+def main() -> None:
+    tree = Path(sys.argv[1]).resolve()
+    sys.meta_path.insert(0, _TreeFinder(tree))
+    sys.argv = ["offload", *sys.argv[2:]]
+    runpy.run_module("offload.cli", run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
