@@ -18,7 +18,9 @@ import tomllib
 from pathlib import Path
 
 
-class _TreeFinder:
+class TreeFinder:
+    """Maps the ``offload`` packages to the folders of checkout ``tree`` (put it first on ``sys.meta_path``)."""
+
     def __init__(self, tree: Path) -> None:
         conf = tomllib.loads((tree / "pyproject.toml").read_text())
         self.dirs = {name: tree / d for name, d in conf["tool"]["setuptools"]["package-dir"].items()}
@@ -32,7 +34,7 @@ class _TreeFinder:
 
 def main() -> None:
     tree = Path(sys.argv[1]).resolve()
-    sys.meta_path.insert(0, _TreeFinder(tree))
+    sys.meta_path.insert(0, TreeFinder(tree))
     sys.argv = ["offload", *sys.argv[2:]]
     runpy.run_module("offload.cli", run_name="__main__")
 

@@ -11,7 +11,10 @@ harness itself and a minimal app cost; the difference is the service's own work 
 Counts are not cycles: cache misses, which dominate a real server at one connection, are not in
 them. Use them to compare two versions of the code, and ``bench_serve.py`` for what a server does.
 
-    .venv/bin/python bench/bench_serve_instr.py [--conc 1,64] [--rounds 400,10]
+    .venv/bin/python bench/bench_serve_instr.py [--conc 1,64] [--rounds 400,10] [--base REV]
+
+``--base REV`` counts the service at git revision REV too (a temporary worktree, imported with this
+environment's packages as ``_at_tree.py`` does): what a change did, in instructions.
 
 Needs valgrind (Debian: ``apt-get install valgrind``); about a minute per count.
 """
@@ -32,7 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 _TOGGLE = "dropwhile_next"  # itertools.dropwhile's step: called by the measured phase alone
 
 
-def _child(kind: str, bundle: str, conc: int, rounds: int) -> None:
+def _child(kind: str, bundle: str, conc: int, rounds: int, tree: str | None = None) -> None:
+    if tree is not None:  # the offload packages from that checkout (before anything imports them)
+        from _at_tree import TreeFinder
+
+        sys.meta_path.insert(0, TreeFinder(Path(tree)))
     import orjson
     import uvloop
 
@@ -74,11 +81,11 @@ def _child(kind: str, bundle: str, conc: int, rounds: int) -> None:
         raise SystemExit(f"the app answered {sorted(set(statuses))}, not only 200")
 
 
-def _count(kind: str, bundle: str, conc: int, rounds: int, tmp: Path) -> float:
-    out = tmp / f"cg.{kind}.{conc}.out"
+def _count(kind: str, bundle: str, conc: int, rounds: int, tmp: Path, tree: Path | None = None) -> float:
+    out = tmp / f"cg.{kind}.{conc}.{'base' if tree else 'this'}.out"
     env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--toggle-collect={_TOGGLE}", f"--callgrind-out-file={out}",
-           sys.executable, __file__, "--child", kind, bundle, str(conc), str(rounds)]
+           sys.executable, __file__, "--child", kind, bundle, str(conc), str(rounds), *([str(tree)] if tree else [])]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode != 0:
         raise SystemExit(f"{kind} under callgrind failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -88,11 +95,12 @@ def _count(kind: str, bundle: str, conc: int, rounds: int, tmp: Path) -> float:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), *sys.argv[6:7])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conc", default="1,64", help="requests in flight, comma-separated")
     ap.add_argument("--rounds", default="400,10", help="measured rounds for each --conc")
+    ap.add_argument("--base", default=None, metavar="REV", help="also count the service at git revision REV")
     a = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -101,12 +109,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         build_risk_bundle(tmp / "risk")
-        print("| requests in flight | floor instructions/req | service instructions/req | service's own (difference) |")
-        print("|---:|---:|---:|---:|")
-        for conc, rounds in zip((int(c) for c in a.conc.split(",")), (int(r) for r in a.rounds.split(","))):
-            floor = _count("floor", str(tmp / "risk"), conc, rounds, tmp)
-            service = _count("service", str(tmp / "risk"), conc, rounds, tmp)
-            print(f"| {conc} | {floor:,.0f} | {service:,.0f} | {service - floor:,.0f} |", flush=True)
+        base = None
+        if a.base is not None:
+            base = tmp / "base"
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), a.base], check=True, capture_output=True)
+        try:
+            print("| requests in flight | floor instructions/req | service instructions/req | service's own (difference) |" + (f" service at {a.base} | this / base, service's own |" if base else ""))
+            print("|---:|---:|---:|---:|" + ("---:|---:|" if base else ""))
+            for conc, rounds in zip((int(c) for c in a.conc.split(",")), (int(r) for r in a.rounds.split(","))):
+                floor = _count("floor", str(tmp / "risk"), conc, rounds, tmp)
+                service = _count("service", str(tmp / "risk"), conc, rounds, tmp)
+                row = f"| {conc} | {floor:,.0f} | {service:,.0f} | {service - floor:,.0f} |"
+                if base is not None:
+                    was = _count("service", str(tmp / "risk"), conc, rounds, tmp, base)
+                    row += f" {was:,.0f} | {(service - floor) / (was - floor):.3f} |"
+                print(row, flush=True)
+        finally:
+            if base is not None:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
 
 
 if __name__ == "__main__":
