@@ -231,7 +231,8 @@ class Program:
 
         One frame between the caller and the compiled kernel, its arguments held in the closure:
         a scoring service's one-row call at one connection pays for every frame, attribute and
-        check on its way, once their code has left the caches (BENCHMARKS.md, round 13).
+        check on its way, once their code has left the caches (BENCHMARKS.md: round 8 timed
+        them cold, round 13 counted this call).
 
         Example::
 
