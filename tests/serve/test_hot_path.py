@@ -668,38 +668,42 @@ def test_uvicorn_takes_the_services_app_for_asgi3(bundle, api_key):
 def test_a_request_waiting_on_its_batch_suspends_in_one_frame_of_the_service(bundle):
     """Each coroutine between a request's task and the batcher's future is entered and left on
     every resume: the hot path is one coroutine, the app itself, awaiting the future directly."""
-    import offload.serve.app as app_module
-
     # A delay of whole timer ticks: the request waits on its future for the batch's timer.
     svc = ScoringService(bundle, ServeConfig(device="sim", max_queue_delay_us=20_000))
     body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.25] * 16}]})
 
-    async def go():
-        await svc._ensure_started()
-        try:
-            task = asyncio.ensure_future(_post(svc, body))
-            while svc.batcher.depth == 0:
-                await asyncio.sleep(0)
-            chain, coro = [], task.get_coro()
-            while hasattr(coro, "cr_code"):  # the suspended coroutines, outermost first, to the future
-                chain.append(coro.cr_code)
-                coro = coro.cr_await
-            status, _ = await task
-            return [c.co_name for c in chain if c.co_filename == app_module.__file__], status
-        finally:
-            await svc.batcher.stop()
-
-    names, status = asyncio.run(go())
+    names, (status, _) = asyncio.run(_suspended_in_service(svc, _post(svc, body)))
     assert status == 200
     assert names == ["app"]
+
+
+async def _suspended_in_service(svc: ScoringService, request) -> tuple[list[str], object]:
+    """Runs the coroutine ``request`` on ``svc`` until it waits on its batch: the names of the
+    service's coroutines (offload.serve's) suspended between its task and the batcher's future,
+    outermost first, and then its result."""
+    import os
+
+    import offload.serve.app as app_module
+
+    serve_dir = os.path.dirname(app_module.__file__)
+    await svc._ensure_started()
+    try:
+        task = asyncio.ensure_future(request)
+        while svc.batcher.depth == 0:
+            await asyncio.sleep(0)
+        chain, coro = [], task.get_coro()
+        while hasattr(coro, "cr_code"):  # the suspended coroutines, outermost first, to the future
+            chain.append(coro.cr_code)
+            coro = coro.cr_await
+        result = await task
+        return [c.co_name for c in chain if os.path.dirname(c.co_filename) == serve_dir], result
+    finally:
+        await svc.batcher.stop()
 
 
 def test_an_rpc_waiting_on_its_batch_suspends_in_one_frame_of_the_service(bundle):
     """As on REST: between the RPC's handler and the batcher's future no other coroutine of the
     service (each is entered and left on every resume), and the answer is the checked run's."""
-    import os
-
-    import offload.serve.app as app_module
     from offload.serve.grpc_server import Call
     from offload.serve.oip_grpc import OipGrpc
     from offload.serve.proto import grpc_predict_v2_pb2 as pb
@@ -709,24 +713,7 @@ def test_an_rpc_waiting_on_its_batch_suspends_in_one_frame_of_the_service(bundle
     x = np.random.default_rng(15).normal(scale=4.0, size=(1, 16)).astype(np.float32)
     tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 16])
     request = pb.ModelInferRequest(model_name="risk", inputs=[tensor], raw_input_contents=[x.tobytes()])
-    serve_dir = os.path.dirname(app_module.__file__)
-
-    async def go():
-        await svc._ensure_started()
-        try:
-            task = asyncio.ensure_future(oip.model_infer(request, Call([], None)))
-            while svc.batcher.depth == 0:
-                await asyncio.sleep(0)
-            chain, coro = [], task.get_coro()
-            while hasattr(coro, "cr_code"):  # the suspended coroutines, outermost first, to the future
-                chain.append(coro.cr_code)
-                coro = coro.cr_await
-            resp = await task
-            return [c.co_name for c in chain if os.path.dirname(c.co_filename) == serve_dir], resp
-        finally:
-            await svc.batcher.stop()
-
-    names, resp = asyncio.run(go())
+    names, resp = asyncio.run(_suspended_in_service(svc, oip.model_infer(request, Call([], None))))
     assert names == ["model_infer"]
     dev = SimDevice()
     want = dev.run(dev.load(next(iter(bundle.kernels.values()))), {"x": x.astype(np.float64)})["y"].astype(np.float32)
