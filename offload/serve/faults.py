@@ -161,8 +161,8 @@ class FailoverRunner:
         nothing. Only the SimDevice class itself: a subclass (a test's hostile device) may
         override ``run`` and must keep every check. FP32 both ways (``fp32=True``): the service's
         wire type, so its float32 rows go in as they are and the outputs come back rounded to FP32
-        by the kernel, with no NumPy conversion. Rows, not mappings: three frames from here to the
-        compiled kernel, no dict (BENCHMARKS.md, round 13)."""
+        by the kernel, with no NumPy conversion. Rows, not mappings: two frames between the runner
+        and the compiled kernel, no dict (BENCHMARKS.md, round 13)."""
         return dev.bind_rows(handle, fp32=True) if type(dev) is SimDevice else None
 
     def run_inline(self, x: np.ndarray) -> tuple[np.ndarray, str]:

@@ -208,10 +208,9 @@ class OipGrpc:
             self._check_auth(call)
             self._check_model(request.model_name, request.model_version)
             x, raw = parse_grpc_infer(request, model.input, model.output, svc.config.max_batch_size)
-            if not svc._started:
-                await svc._ensure_started()
             # The batcher's awaitable awaited in this frame (each coroutine between the RPC and
-            # its future is a frame on every resume, as on REST's hot path).
+            # its future is a frame on every resume, as on REST's hot path). The service has
+            # started: its lifespan starts it before it opens the gRPC port (GrpcEndpoint.start).
             r = svc.submit_rows(x)
             shared, off, n = r if type(r) is tuple else await r
         except ServeError as e:
