@@ -369,7 +369,7 @@ def encode_infer(model: str, version: str, req: InferRequest, y: np.ndarray, out
 
 def encode_json(model: str, version: str, rid: str | None, y: np.ndarray, out: TensorSpec) -> bytes:
     """:func:`encode_infer`'s JSON body, byte for byte, from a cached head: everything before the
-    values is the same for every response of a model with as many rows."""
+    values is the same for every response of a model with as many rows. ``y`` is [rows, width]."""
     y32 = as_fp32(y)
     # The rows in one call, their brackets then dropped ("[[a,b],[c,d]]" -> "a,b,c,d": numbers
     # hold no brackets): the flat list's text, without ravel's NumPy call (microseconds, cold).
