@@ -1,5 +1,6 @@
 """Runs ``offload``'s CLI from another checkout of this repository (a git worktree of an older
-revision, for ``bench_serve_revs.py``) with this environment's dependencies.
+revision: ``bench_serve.py --base``, ``bench_serve_instr.py --base``) with this environment's
+dependencies; and makes and removes such worktrees.
 
 The editable install maps the ``offload`` packages to this checkout's folders; a meta path finder
 put ahead of it maps them to the other tree's instead, as that tree's pyproject ``package-dir``
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import runpy
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class TreeFinder:
@@ -30,6 +34,17 @@ class TreeFinder:
         if d is None:
             return None  # a subpackage or module: found under its parent's (mapped) path
         return importlib.util.spec_from_file_location(name, d / "__init__.py", submodule_search_locations=[str(d)])
+
+
+def add_worktree(rev: str, where: Path) -> Path:
+    """A detached git worktree of this repository at revision ``rev``, made in ``where``
+    (returned); :func:`remove_worktree` takes it away."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), rev], check=True, capture_output=True)
+    return where
+
+
+def remove_worktree(where: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)], capture_output=True)
 
 
 def main() -> None:

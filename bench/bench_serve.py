@@ -442,9 +442,10 @@ def main() -> None:
     build_risk_bundle(tmp / "risk")
     base = None
     if a.base is not None:
-        base = tmp / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), a.base], check=True, capture_output=True)
-        atexit.register(subprocess.run, ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+        from _at_tree import add_worktree, remove_worktree  # bench/ is on the path: this script lives there
+
+        base = add_worktree(a.base, tmp / "base")
+        atexit.register(remove_worktree, base)
     if a.protocols:
         res = protocols(tmp / "risk", a.rounds, a.per_round, base)
         if a.json:

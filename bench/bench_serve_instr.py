@@ -104,15 +104,14 @@ def main() -> None:
     a = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    from _at_tree import add_worktree, remove_worktree  # bench/ is on the path: this script lives there
+
     from offload.examples.risk import build_risk_bundle
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         build_risk_bundle(tmp / "risk")
-        base = None
-        if a.base is not None:
-            base = tmp / "base"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), a.base], check=True, capture_output=True)
+        base = add_worktree(a.base, tmp / "base") if a.base is not None else None
         try:
             print("| requests in flight | floor instructions/req | service instructions/req | service's own (difference) |" + (f" service at {a.base} | this / base, service's own |" if base else ""))
             print("|---:|---:|---:|---:|" + ("---:|---:|" if base else ""))
@@ -126,7 +125,7 @@ def main() -> None:
                 print(row, flush=True)
         finally:
             if base is not None:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+                remove_worktree(base)
 
 
 if __name__ == "__main__":
