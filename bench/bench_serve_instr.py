@@ -13,6 +13,15 @@ them. Use them to compare two versions of the code, and ``bench_serve.py`` for w
 
     .venv/bin/python bench/bench_serve_instr.py [--conc 1,64] [--rounds 400,10] [--base REV]
 
+``--cold MB`` counts instead where a lone request's cache lines come from when its caches start
+empty, as at one connection in a server: MB of memory are read before each request, outside the
+counted region, under callgrind's cache simulation (``--cache-sim=yes``); the result is the first-level
+misses a request (instruction reads, data reads and writes: lines brought back), the service's
+against the floor app's, and the functions with the most lines over the floor's. Callgrind's
+last-level model is not this machine's, so only first-level misses are reported.
+
+    .venv/bin/python bench/bench_serve_instr.py --cold 40 [--rounds 100]
+
 ``--base REV`` counts the service at git revision REV too (a temporary worktree, imported with this
 environment's packages as ``_at_tree.py`` does): what a change did, in instructions.
 
@@ -25,6 +34,7 @@ import argparse
 import asyncio
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,31 +46,9 @@ _TOGGLE = "dropwhile_next"  # itertools.dropwhile's step: called by the measured
 
 
 def _child(kind: str, bundle: str, conc: int, rounds: int, tree: str | None = None) -> None:
-    if tree is not None:  # the offload packages from that checkout (before anything imports them)
-        from _at_tree import TreeFinder
-
-        sys.meta_path.insert(0, TreeFinder(Path(tree)))
-    import orjson
     import uvloop
 
-    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.1 * i + 0.123 for i in range(16)]}]})
-    svc = None
-    if kind == "service":
-        import offload
-        from offload.serve.app import ScoringService
-        from offload.serve.config import ServeConfig
-
-        svc = ScoringService(offload.load(bundle), ServeConfig(device="sim"))
-        app = svc.app
-        svc._started = True  # the batcher is started on each round's loop below
-    else:
-        from _serve_baselines import floor_app  # bench/ is on the path: this script lives there
-
-        app = floor_app()
-    from bench_serve_inproc import asgi_infer
-
-    # The headers uvicorn hands the app for bench_serve.py's load tool.
-    scope, receive, send, statuses = asgi_infer(body, [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")])
+    svc, app, (scope, receive, send, statuses) = _app(kind, bundle, tree)
 
     async def go(n: int) -> bool:
         if svc is not None:
@@ -81,6 +69,54 @@ def _child(kind: str, bundle: str, conc: int, rounds: int, tree: str | None = No
         raise SystemExit(f"the app answered {sorted(set(statuses))}, not only 200")
 
 
+def _child_cold(kind: str, bundle: str, rounds: int, sweep_mb: int) -> None:
+    """``rounds`` lone requests, each counted on its own, ``sweep_mb`` MB read before each."""
+    import numpy as np
+    import uvloop
+
+    svc, app, (scope, receive, send, statuses) = _app(kind, bundle, None)
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    if svc is not None:
+        loop.run_until_complete(svc.batcher.start())
+    for _ in range(600):  # JIT, first-call paths; the batcher's lonely state
+        loop.run_until_complete(app(scope, receive, send))
+    lines = np.ones(sweep_mb << 20, dtype=np.uint8)[::64]  # one byte a cache line
+    for _ in range(rounds):
+        lines.sum()
+        list(itertools.dropwhile(lambda _: loop.run_until_complete(app(scope, receive, send)), [0]))
+    if set(statuses) != {200}:
+        raise SystemExit(f"the app answered {sorted(set(statuses))}, not only 200")
+
+
+def _app(kind: str, bundle: str, tree: str | None):
+    """(service or None, its ASGI app or the floor app, asgi_infer's request and answers)."""
+    if tree is not None:  # the offload packages from that checkout (before anything imports them)
+        from _at_tree import TreeFinder
+
+        sys.meta_path.insert(0, TreeFinder(Path(tree)))
+    import orjson
+
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.1 * i + 0.123 for i in range(16)]}]})
+    svc = None
+    if kind == "service":
+        import offload
+        from offload.serve.app import ScoringService
+        from offload.serve.config import ServeConfig
+
+        svc = ScoringService(offload.load(bundle), ServeConfig(device="sim"))
+        app = svc.app
+        svc._started = True  # the batcher is started on each round's loop below
+    else:
+        from _serve_baselines import floor_app  # bench/ is on the path: this script lives there
+
+        app = floor_app()
+    from bench_serve_inproc import asgi_infer
+
+    # The headers uvicorn hands the app for bench_serve.py's load tool.
+    return svc, app, asgi_infer(body, [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")])
+
+
 def _count(kind: str, bundle: str, conc: int, rounds: int, tmp: Path, tree: Path | None = None) -> float:
     out = tmp / f"cg.{kind}.{conc}.{'base' if tree else 'this'}.out"
     env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
@@ -93,14 +129,48 @@ def _count(kind: str, bundle: str, conc: int, rounds: int, tmp: Path, tree: Path
     return int(totals[0].split()[1]) / (rounds * conc)
 
 
+def _lines_cold(kind: str, bundle: str, rounds: int, sweep_mb: int, tmp: Path) -> dict[str, float]:
+    """First-level misses a request (I1mr + D1mr + D1mw) by function, and in all ("")."""
+    out = tmp / f"cg.cold.{kind}.out"
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    cmd = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--collect-atstart=no", f"--toggle-collect={_TOGGLE}", f"--callgrind-out-file={out}",
+           sys.executable, __file__, "--child-cold", kind, bundle, str(rounds), str(sweep_mb)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"{kind} under callgrind failed ({r.returncode}): {r.stderr[-2000:]}")
+    ann = subprocess.run(["callgrind_annotate", "--show=I1mr,D1mr,D1mw", "--threshold=100", "--inclusive=no", str(out)], capture_output=True, text=True, check=True).stdout
+    per: dict[str, float] = {}
+    for line in ann.splitlines():
+        cells = re.sub(r"\(\s*[\d.]+%\)", "", line).split(None, 3)  # the counts without their percentages
+        if len(cells) < 4 or not all(c.replace(",", "").isdigit() or c == "." for c in cells[:3]):
+            continue
+        n = sum(int(c.replace(",", "")) for c in cells[:3] if c != ".")
+        name = "" if "PROGRAM TOTALS" in cells[3] else re.sub(r"'\d+|\s*\[.*\]$", "", cells[3].split(":", 1)[-1]).strip()
+        per[name] = per.get(name, 0.0) + n / rounds
+    return per
+
+
+def _cold(bundle: str, rounds: int, sweep_mb: int, tmp: Path) -> None:
+    floor, service = (_lines_cold(k, bundle, rounds, sweep_mb, tmp) for k in ("floor", "service"))
+    print(f"first-level misses a lone request, {sweep_mb} MB read before each: floor app {floor['']:,.0f}, service {service['']:,.0f} ({service[''] - floor['']:+,.0f})")
+    extra = sorted(((service.get(n, 0.0) - floor.get(n, 0.0), n) for n in set(service) | set(floor) if n), reverse=True)
+    print("| function | service | floor app | lines over the floor's |\n|---|---:|---:|---:|")
+    for d, n in extra[:20]:
+        print(f"| `{n}` | {service.get(n, 0.0):,.0f} | {floor.get(n, 0.0):,.0f} | {d:+,.0f} |")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), *sys.argv[6:7])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--child-cold":
+        _child_cold(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conc", default="1,64", help="requests in flight, comma-separated")
     ap.add_argument("--rounds", default="400,10", help="measured rounds for each --conc")
     ap.add_argument("--base", default=None, metavar="REV", help="also count the service at git revision REV")
+    ap.add_argument("--cold", type=int, default=0, metavar="MB", help="count lone requests' first-level misses, MB read before each (see above)")
     a = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -111,6 +181,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         build_risk_bundle(tmp / "risk")
+        if a.cold:
+            _cold(str(tmp / "risk"), int(a.rounds.split(",")[0]), a.cold, tmp)
+            return
         base = add_worktree(a.base, tmp / "base") if a.base is not None else None
         try:
             print("| requests in flight | floor instructions/req | service instructions/req | service's own (difference) |" + (f" service at {a.base} | this / base, service's own |" if base else ""))
