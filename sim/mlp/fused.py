@@ -211,23 +211,23 @@ class Program:
         row otherwise costs are gone. Cold, after the caches were flushed (the server's case at one
         connection), each such call costs several microseconds (``bench/bench_serve_appcpu.py``).
         Any other ``x`` takes :meth:`run` and a conversion: only these two signatures are compiled.
+        The rows' checks are :meth:`bind_fp32`'s, the one place they are written.
         """
-        flags = x.flags
-        # Another dtype, a byte-swapped float32 among them (numba refuses it), or a read-only or
-        # misaligned array (another numba type, another compile) takes run(): exact for any values.
-        if x.dtype != _F32 or not (flags.c_contiguous and flags.writeable and flags.aligned) or x.ndim != 2 or x.shape[1] != self.n_in:
-            y = self.run(x)  # (which refuses a wrong shape)
+
+        def general(rows: np.ndarray) -> np.ndarray | None:
+            # Another dtype (a byte-swapped float32 among them: numba refuses it), a read-only or
+            # misaligned array (another numba type, another compile), or values past the float
+            # quantization: run(), exact for any values (None for those), and it refuses a wrong shape.
+            y = self.run(rows)
             return None if y is None else y.astype(np.float32)
-        out = np.empty((x.shape[0], self.n_out), dtype=np.float32)
-        if not _ENTRY.get("f", _run_rows)(x, self.prog, self.data, self.in_scale, self.out_scale, out):
-            return None
-        return out
+
+        return self.bind_fp32(general)(x)
 
     def bind_fp32(self, general: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
         """:meth:`run_fp32` as one prepared call that always answers, for a caller with an exact
         path of its own: the rows the compiled pass does not take (another dtype, layout or shape,
         no rows, values past the float quantization, the shortcuts switched off) go to
-        ``general(x)``, which must give what ``run_fp32`` would. ``x`` is an ndarray.
+        ``general(x)``, which must give what the compiled pass would. ``x`` is an ndarray.
 
         One frame between the caller and the compiled kernel, its arguments held in the closure:
         a scoring service's one-row call at one connection pays for every frame, attribute and
@@ -244,8 +244,9 @@ class Program:
         empty, f32 = np.empty, _F32
 
         def run(x: np.ndarray) -> np.ndarray:
-            # run_fp32's checks, cheapest first; "is": a native float32 array's dtype is NumPy's
-            # one instance (an equal dtype that is not takes the general path: same answer).
+            # The rows the FP32 signature takes, cheapest test first; "is": a native float32
+            # array's dtype is NumPy's one instance (an equal dtype that is not takes the general
+            # path: same answer).
             if datapath._FAST_DENSE and x.dtype is f32 and x.ndim == 2 and x.shape[1] == n_in and x.shape[0]:
                 flags = x.flags
                 if flags.c_contiguous and flags.writeable and flags.aligned:
@@ -459,7 +460,7 @@ def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[in
 # with Program's own frame, 2.6 of the 9.6 us a one-row request's kernel call costs in-process
 # (round 12). An entry point reads its arguments as its signature says, checking neither dtype nor
 # rank, so Program's callers pass exactly these types: checked where they are not certain
-# (run_fp32's flags, run's conversion, the program's own vectors when it is made). Filled by
+# (bind_fp32's flags, run's conversion, the program's own vectors when it is made). Filled by
 # warm_up; until then the dispatcher serves.
 _ENTRY: dict[str, object] = {}
 
