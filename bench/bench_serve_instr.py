@@ -117,11 +117,22 @@ def _app(kind: str, bundle: str, tree: str | None):
     return svc, app, asgi_infer(body, [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")])
 
 
+def _warm(child: list[str], env: dict[str, str]) -> None:
+    """One round of ``child`` outside valgrind, so that numba's disk cache beside that tree's kernel
+    is current: a kernel compiled under callgrind takes many minutes (a fresh ``--base`` worktree,
+    or a kernel edited since its last run)."""
+    r = subprocess.run([sys.executable, __file__, *child], capture_output=True, text=True, env=env, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(child[:2])} failed ({r.returncode}): {r.stderr[-2000:]}")
+
+
 def _count(kind: str, bundle: str, conc: int, rounds: int, tmp: Path, tree: Path | None = None) -> float:
     out = tmp / f"cg.{kind}.{conc}.{'base' if tree else 'this'}.out"
     env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    tail = [str(tree)] if tree else []
+    _warm(["--child", kind, bundle, str(conc), "1", *tail], env)
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--toggle-collect={_TOGGLE}", f"--callgrind-out-file={out}",
-           sys.executable, __file__, "--child", kind, bundle, str(conc), str(rounds), *([str(tree)] if tree else [])]
+           sys.executable, __file__, "--child", kind, bundle, str(conc), str(rounds), *tail]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode != 0:
         raise SystemExit(f"{kind} under callgrind failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -133,6 +144,7 @@ def _lines_cold(kind: str, bundle: str, rounds: int, sweep_mb: int, tmp: Path) -
     """First-level misses a request (I1mr + D1mr + D1mw) by function, and in all ("")."""
     out = tmp / f"cg.cold.{kind}.out"
     env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    _warm(["--child-cold", kind, bundle, "1", "1"], env)
     cmd = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--collect-atstart=no", f"--toggle-collect={_TOGGLE}", f"--callgrind-out-file={out}",
            sys.executable, __file__, "--child-cold", kind, bundle, str(rounds), str(sweep_mb)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
