@@ -10,9 +10,8 @@ across the layer's outputs.
 Why numba and not a g++-built helper: the same reasons as :mod:`offload.sim.embedding_fused`
 (no compiler needed where the wheel is installed, machine code cached on disk with
 ``cache=True``, one Python source); and one kernel serves every model: a spec becomes a
-:class:`Program` (an int64 instruction vector; biases and tables in one int64 array; the dense
-weights in one int16 array, a layer's in int64 only where one of them does not fit int16), so the
-kernel compiles once per machine, never per model, for its two signatures (float64 rows and
+:class:`Program` (an int64 instruction vector, the weights and tables as one int64 array each), so
+the kernel compiles once per machine, never per model, for its two signatures (float64 rows and
 outputs, :meth:`Program.run`; FP32 both ways, :meth:`Program.run_fp32`).
 
 Integer arithmetic throughout. Every cast ``T dst = (T)src`` (product into ``accum_t``, ``accum_t``
@@ -77,16 +76,13 @@ _LS, _S, _C0, _C1, _CONV, _OVF, _LO, _HI, _OFF, _MASK = range(10)
 _CAST_LEN = 10
 _FIT_NONE, _FIT_WRAP, _FIT_SAT, _FIT_SATZ = range(4)
 # One layer record: op, sizes, offsets, dense loop, five op-specific values (a dense layer's
-# product rounding LS, S, C0, C1, CONV), where a dense layer's weights are (_W_WIDE: ``data`` at
-# _R_W; _W_NARROW: ``narrow``), then up to two cast blocks (A, B).
-_R_OP, _R_NIN, _R_NOUT, _R_W, _R_B, _R_MODE, _R_K0, _R_K1, _R_K2, _R_K3, _R_K4, _R_WAT = range(12)
-_R_A = 12
+# product rounding LS, S, C0, C1, CONV), then up to two cast blocks (A, B).
+_R_OP, _R_NIN, _R_NOUT, _R_W, _R_B, _R_MODE, _R_K0, _R_K1, _R_K2, _R_K3, _R_K4 = range(11)
+_R_A = 11
 _R_B2 = _R_A + _CAST_LEN
 _REC = _R_B2 + _CAST_LEN
 _OP_DENSE, _OP_BN, _OP_RELU, _OP_LEAKY, _OP_TABLE = range(5)
 _D_PLAIN, _D_ROUNDED, _D_SAT, _D_SATZ = range(4)
-_W_WIDE, _W_NARROW = range(2)
-_NARROW = np.int16  # a dense layer's weights are stored in this when every one of them fits
 # Header: layer count, input rounding mode, widest layer, then the input fit block.
 _H_N, _H_RMODE, _H_WIDE = range(3)
 _H_FIT = 3
@@ -178,8 +174,7 @@ class Program:
     """One (input type, layers, tensors) as the kernel's instruction vector and data."""
 
     prog: np.ndarray  # int64: header, then one record per layer
-    data: np.ndarray  # int64: biases, tables, batchnorm scales, the weights that need int64
-    narrow: np.ndarray  # int16: the dense weights that fit it (most: ap_fixed<16,...> or narrower)
+    data: np.ndarray  # int64: weights, biases, tables, concatenated
     in_scale: float  # 2**F of the input type
     out_scale: float  # 2**-F of the last type
     n_out: int
@@ -188,10 +183,10 @@ class Program:
 
     def __post_init__(self) -> None:
         # The compiled entry points take these as their signature says, unchecked (see _ENTRY).
-        for name, dt in (("prog", np.int64), ("data", np.int64), ("narrow", _NARROW)):
+        for name in ("prog", "data"):
             a = getattr(self, name)
-            if not (isinstance(a, np.ndarray) and a.dtype == dt and a.ndim == 1 and a.flags.c_contiguous and a.flags.aligned):
-                raise TypeError(f"Program.{name}: expected a C-contiguous 1-D {np.dtype(dt).name} array")
+            if not (isinstance(a, np.ndarray) and a.dtype == np.int64 and a.ndim == 1 and a.flags.c_contiguous and a.flags.aligned):
+                raise TypeError(f"Program.{name}: expected a C-contiguous 1-D int64 array")
 
     def run(self, x: np.ndarray) -> np.ndarray | None:
         """Float64 outputs of float64 rows ``x`` [B, F]; None where a value needs the bit-level
@@ -202,7 +197,7 @@ class Program:
         if not (x.flags.writeable and x.flags.aligned):
             x = x.copy()  # a read-only or misaligned array is another numba type: a compile, on a request
         out = np.empty((x.shape[0], self.n_out), dtype=np.float64)
-        if not _ENTRY.get("d", _run_rows)(x, self.prog, self.data, self.narrow, self.in_scale, self.out_scale, out):
+        if not _ENTRY.get("d", _run_rows)(x, self.prog, self.data, self.in_scale, self.out_scale, out):
             return None
         return out
 
@@ -244,7 +239,7 @@ class Program:
             score = prog.bind_fp32(lambda x: simulate(t, layers, tensors, x.astype(np.float64)).astype(np.float32))
             y = score(rows)
         """
-        prog, data, narrow, in_scale, out_scale, n_in, n_out = self.prog, self.data, self.narrow, self.in_scale, self.out_scale, self.n_in, self.n_out
+        prog, data, in_scale, out_scale, n_in, n_out = self.prog, self.data, self.in_scale, self.out_scale, self.n_in, self.n_out
         entry = _ENTRY.get("f", _run_rows)  # warm_up ran at the kind's prepare; else the dispatcher
         empty, f32 = np.empty, _F32
 
@@ -256,7 +251,7 @@ class Program:
                 flags = x.flags
                 if flags.c_contiguous and flags.writeable and flags.aligned:
                     out = empty((x.shape[0], n_out), f32)
-                    if entry(x, prog, data, narrow, in_scale, out_scale, out):
+                    if entry(x, prog, data, in_scale, out_scale, out):
                         return out
             return general(x)
 
@@ -288,8 +283,6 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
     wide = layers[0].n_in
     data: list[np.ndarray] = []
     size = [0]
-    narrow: list[np.ndarray] = []
-    nsize = [0]
 
     def put(a: np.ndarray) -> int:
         off = size[0]
@@ -297,24 +290,13 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
         size[0] += data[-1].size
         return off
 
-    def put_weights(w: np.ndarray) -> tuple[int, int]:
-        # A dense layer's weights in int16 where every one fits (its pre-shift included): a
-        # quarter of the bytes a row reads; the kernel widens each as it multiplies.
-        lim = np.iinfo(_NARROW)
-        if w.size and not (lim.min <= int(w.min()) and int(w.max()) <= lim.max):
-            return put(w), _W_WIDE
-        off = nsize[0]
-        narrow.append(w.astype(_NARROW).ravel())
-        nsize[0] += narrow[-1].size
-        return off, _W_NARROW
-
     recs = []
     for layer in layers:
         r = np.zeros(_REC, dtype=np.int64)
         r[_R_NIN], r[_R_NOUT] = layer.n_in, layer.n_out
         wide = max(wide, layer.n_in, layer.n_out)
         if layer.op == "dense":
-            lo, hi = _dense(r, layer, t, lo, hi, tensors, put, put_weights)
+            lo, hi = _dense(r, layer, t, lo, hi, tensors, put)
         elif layer.op == "batchnorm":
             lo, hi = _batchnorm(r, layer, t, lo, hi, tensors, put)
         elif layer.op in ("relu", "leaky_relu"):
@@ -336,7 +318,6 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
     return Program(
         np.concatenate([head, *recs]),
         np.concatenate(data) if data else np.zeros(1, dtype=np.int64),
-        np.concatenate(narrow) if narrow else np.zeros(1, dtype=_NARROW),
         float(2.0 ** _ftype(input_type).F),
         float(2.0 ** -t.F),  # t: the last layer's result type
         layers[-1].n_out,
@@ -345,7 +326,7 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
     )
 
 
-def _dense(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put, put_weights) -> tuple[int, int]:
+def _dense(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put) -> tuple[int, int]:
     """A dense record: the weights (pre-shifted onto the accumulator grid where no product is
     rounded), the bias in accum_t, the product rounding (K0..K4), the accumulator's own fit (A) and
     the cast into result_t (B). The loop follows from the bounds: an exact accumulation (no
@@ -394,7 +375,7 @@ def _dense(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put, pu
         r[_R_MODE] = _D_SAT if fit[0] == _FIT_SAT else _D_SATZ
         _bits_ok(at.min_raw * 2, at.max_raw * 2, tb)
         alo, ahi = fit[1], fit[2]
-    r[_R_W], r[_R_WAT] = put_weights(w)
+    r[_R_W] = put(w)
     r[_R_K0:_R_K4 + 1] = rnd
     r[_R_A:_R_A + _CAST_LEN] = [0, 0, 0, 0, 0] + fit  # the accumulator's fit alone
     block, lo2, hi2 = _cast_block(rt, at, alo, ahi)
@@ -474,7 +455,7 @@ def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[in
 
 
 # The kernel's two compiled signatures (see warm_up), called without numba's dispatcher. The
-# dispatcher types every argument on every call (seven here) to pick the overload: ~0.2 us warm,
+# dispatcher types every argument on every call (six here) to pick the overload: ~0.2 us warm,
 # ~3 us once its code has left the caches (a server at one connection; BENCHMARKS.md, round 8);
 # with Program's own frame, 2.6 of the 9.6 us a one-row request's kernel call costs in-process
 # (round 12). An entry point reads its arguments as its signature says, checking neither dtype nor
@@ -557,10 +538,10 @@ def warm_up() -> float:
     p = compile_program("ap_fixed<8,4>", (layer,), {"w.weight": np.ones((1, 1), dtype=np.int64), "w.bias": np.zeros(1, dtype=np.int64)})
     p.run(np.zeros((1, 1)))
     p.run_fp32(np.zeros((1, 1), dtype=np.float32))
-    vec, vec16 = numba.types.Array(numba.int64, 1, "C"), numba.types.Array(numba.int16, 1, "C")
+    vec = numba.types.Array(numba.int64, 1, "C")
     for code, dt in (("d", numba.float64), ("f", numba.float32)):
         rows = numba.types.Array(dt, 2, "C")
-        _ENTRY[code] = _run_rows.get_overload((rows, vec, vec, vec16, numba.float64, numba.float64, rows))
+        _ENTRY[code] = _run_rows.get_overload((rows, vec, vec, numba.float64, numba.float64, rows))
     if len(_run_rows.signatures) == known:  # both were there: nothing compiled or loaded
         return 0.0
     dt = time.perf_counter() - t0
@@ -695,28 +676,7 @@ if numba is not None:
         return t
 
     @numba.njit(nogil=True)
-    def _dense_into(cur, w_all, wo, n_in, n_out, mode, ls, s, c0, c1, conv, lo, hi, acc):
-        """The products and partial sums of one dense layer into ``acc`` (holding the bias), its
-        weights at ``w_all[wo:]``: compiled once for each storage (int64 and int16)."""
-        if n_out == 1 and mode <= _D_ROUNDED:  # one output: a dot product, vectorised over i
-            w1 = w_all[wo:wo + n_in]
-            if mode == _D_PLAIN:
-                acc[0] += _dot_plain(cur, w1, n_in)
-            else:
-                acc[0] += _dot_rounded(cur, w1, n_in, ls, s, c0, c1, conv)
-        else:
-            w = w_all[wo:wo + n_in * n_out].reshape((n_in, n_out))
-            if mode == _D_PLAIN:
-                _dense_plain(cur, w, acc)
-            elif mode == _D_ROUNDED:
-                _dense_rounded(cur, w, acc, ls, s, c0, c1, conv)
-            elif mode == _D_SAT:
-                _dense_sat(cur, w, acc, ls, s, c0, c1, conv, lo, hi)
-            else:
-                _dense_satz(cur, w, acc, ls, s, c0, c1, conv, lo, hi)
-
-    @numba.njit(nogil=True)
-    def _layer(p, o, d, dn, cur, nxt, acc):
+    def _layer(p, o, d, cur, nxt, acc):
         op = p[o + _R_OP]
         n_in = p[o + _R_NIN]
         n_out = p[o + _R_NOUT]
@@ -730,10 +690,22 @@ if numba is not None:
             bias = d[bo:bo + n_out]
             for j in range(n_out):
                 acc[j] = bias[j]
-            if p[o + _R_WAT] == _W_NARROW:
-                _dense_into(cur, dn, wo, n_in, n_out, mode, ls, s, c0, c1, conv, p[A + _LO], p[A + _HI], acc)
+            if n_out == 1 and mode <= _D_ROUNDED:  # one output: a dot product, vectorised over i
+                w1 = d[wo:wo + n_in]
+                if mode == _D_PLAIN:
+                    acc[0] += _dot_plain(cur, w1, n_in)
+                else:
+                    acc[0] += _dot_rounded(cur, w1, n_in, ls, s, c0, c1, conv)
             else:
-                _dense_into(cur, d, wo, n_in, n_out, mode, ls, s, c0, c1, conv, p[A + _LO], p[A + _HI], acc)
+                w = d[wo:wo + n_in * n_out].reshape((n_in, n_out))
+                if mode == _D_PLAIN:
+                    _dense_plain(cur, w, acc)
+                elif mode == _D_ROUNDED:
+                    _dense_rounded(cur, w, acc, ls, s, c0, c1, conv)
+                elif mode == _D_SAT:
+                    _dense_sat(cur, w, acc, ls, s, c0, c1, conv, p[A + _LO], p[A + _HI])
+                else:
+                    _dense_satz(cur, w, acc, ls, s, c0, c1, conv, p[A + _LO], p[A + _HI])
             if mode <= _D_ROUNDED and p[A + _OVF] != _FIT_NONE:  # the wrap of the total
                 _cast_into(acc, acc, n_out, p, A)
             _cast_into(acc, nxt, n_out, p, B)
@@ -776,7 +748,7 @@ if numba is not None:
                 nxt[j] = table[min(max(q, 0), n - 1)]
 
     @numba.njit(nogil=True, cache=True)
-    def _run_rows(x, p, d, dn, in_scale, out_scale, out):
+    def _run_rows(x, p, d, in_scale, out_scale, out):
         """All layers for every row of ``x``; False (nothing meaningful in ``out``) when some input
         needs the bit-level quantization."""
         rows, nf = x.shape
@@ -797,7 +769,7 @@ if numba is not None:
             n = nf
             for k in range(nl):
                 o = _HEAD + k * _REC
-                _layer(p, o, d, dn, cur, nxt, acc)
+                _layer(p, o, d, cur, nxt, acc)
                 cur, nxt = nxt, cur
                 n = p[o + _R_NOUT]
             for j in range(n):
