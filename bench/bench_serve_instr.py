@@ -117,22 +117,30 @@ def _app(kind: str, bundle: str, tree: str | None):
     return svc, app, asgi_infer(body, [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")])
 
 
-def _warm(child: list[str], env: dict[str, str]) -> None:
-    """One round of ``child`` outside valgrind, so that numba's disk cache beside that tree's kernel
-    is current: a kernel compiled under callgrind takes many minutes (a fresh ``--base`` worktree,
-    or a kernel edited since its last run)."""
-    r = subprocess.run([sys.executable, __file__, *child], capture_output=True, text=True, env=env, cwd=ROOT)
+def _child_env() -> dict[str, str]:
+    """The children's environment: a fixed hash seed (the same dict layouts, so the same counts) and one BLAS thread."""
+    return {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def _warm(child: list[str]) -> None:
+    """One round of the service's ``child`` under ``valgrind --tool=none``, so that numba's disk
+    cache beside that tree's kernel holds the code callgrind will run before it is counted.
+
+    Under valgrind LLVM sees another CPU (``haswell`` and its features on this machine's ``znver3``),
+    and numba keys its cache by CPU: a cache filled outside valgrind misses there. A kernel then
+    compiled under callgrind takes many minutes (a fresh ``--base`` worktree, or a kernel edited
+    since its last count); under ``--tool=none``, about two."""
+    env = _child_env()
+    r = subprocess.run(["valgrind", "--tool=none", "-q", sys.executable, __file__, *child], capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(child[:2])} failed ({r.returncode}): {r.stderr[-2000:]}")
 
 
 def _count(kind: str, bundle: str, conc: int, rounds: int, tmp: Path, tree: Path | None = None) -> float:
     out = tmp / f"cg.{kind}.{conc}.{'base' if tree else 'this'}.out"
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
-    tail = [str(tree)] if tree else []
-    _warm(["--child", kind, bundle, str(conc), "1", *tail], env)
+    env = _child_env()
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--toggle-collect={_TOGGLE}", f"--callgrind-out-file={out}",
-           sys.executable, __file__, "--child", kind, bundle, str(conc), str(rounds), *tail]
+           sys.executable, __file__, "--child", kind, bundle, str(conc), str(rounds), *([str(tree)] if tree else [])]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode != 0:
         raise SystemExit(f"{kind} under callgrind failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -143,8 +151,7 @@ def _count(kind: str, bundle: str, conc: int, rounds: int, tmp: Path, tree: Path
 def _lines_cold(kind: str, bundle: str, rounds: int, sweep_mb: int, tmp: Path) -> dict[str, float]:
     """First-level misses a request (I1mr + D1mr + D1mw) by function, and in all ("")."""
     out = tmp / f"cg.cold.{kind}.out"
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
-    _warm(["--child-cold", kind, bundle, "1", "1"], env)
+    env = _child_env()
     cmd = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--collect-atstart=no", f"--toggle-collect={_TOGGLE}", f"--callgrind-out-file={out}",
            sys.executable, __file__, "--child-cold", kind, bundle, str(rounds), str(sweep_mb)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -163,6 +170,7 @@ def _lines_cold(kind: str, bundle: str, rounds: int, sweep_mb: int, tmp: Path) -
 
 
 def _cold(bundle: str, rounds: int, sweep_mb: int, tmp: Path) -> None:
+    _warm(["--child-cold", "service", bundle, "1", "1"])
     floor, service = (_lines_cold(k, bundle, rounds, sweep_mb, tmp) for k in ("floor", "service"))
     print(f"first-level misses a lone request, {sweep_mb} MB read before each: floor app {floor['']:,.0f}, service {service['']:,.0f} ({service[''] - floor['']:+,.0f})")
     extra = sorted(((service.get(n, 0.0) - floor.get(n, 0.0), n) for n in set(service) | set(floor) if n), reverse=True)
@@ -198,6 +206,8 @@ def main() -> None:
             return
         base = add_worktree(a.base, tmp / "base") if a.base is not None else None
         try:
+            for tree in [None] + ([base] if base else []):
+                _warm(["--child", "service", str(tmp / "risk"), "1", "1", *([str(tree)] if tree else [])])
             print("| requests in flight | floor instructions/req | service instructions/req | service's own (difference) |" + (f" service at {a.base} | this / base, service's own |" if base else ""))
             print("|---:|---:|---:|---:|" + ("---:|---:|" if base else ""))
             for conc, rounds in zip((int(c) for c in a.conc.split(",")), (int(r) for r in a.rounds.split(","))):
