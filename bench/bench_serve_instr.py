@@ -25,7 +25,8 @@ last-level model is not this machine's, so only first-level misses are reported.
 ``--base REV`` counts the service at git revision REV too (a temporary worktree, imported with this
 environment's packages as ``_at_tree.py`` does): what a change did, in instructions.
 
-Needs valgrind (Debian: ``apt-get install valgrind``); about a minute per count.
+Needs valgrind (Debian: ``apt-get install valgrind``); about a minute per count, and about two more
+for each tree whose kernel numba has not yet compiled under valgrind (see ``_warm``).
 """
 
 from __future__ import annotations
