@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import runpy
+import signal
 import subprocess
 import sys
 import tomllib
@@ -38,9 +39,19 @@ class TreeFinder:
 
 def add_worktree(rev: str, where: Path) -> Path:
     """A detached git worktree of this repository at revision ``rev``, made in ``where``
-    (returned); :func:`remove_worktree` takes it away."""
+    (returned); :func:`remove_worktree` takes it away.
+
+    From here on, SIGTERM unwinds the process as ``SystemExit`` would, so the caller's ``finally``
+    blocks and ``atexit`` hooks run. Python's default for SIGTERM (the signal ``timeout`` sends)
+    ends the process without either: the worktree stayed registered, and its servers ran on.
+    """
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), rev], check=True, capture_output=True)
     return where
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    sys.exit(128 + signum)
 
 
 def remove_worktree(where: Path) -> None:
