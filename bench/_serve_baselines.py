@@ -125,9 +125,10 @@ def _h2_floor(answer: bytes):
     return Floor
 
 
-async def _with_grpc_floors(server: uvicorn.Server, lean_port: int | None, grpcio_port: int | None, h2_port: int | None = None) -> None:
-    from offload.serve.grpc_server import GrpcServer, Method
-    from offload.serve.http2 import Http2Limits
+def grpc_floor_methods():
+    """``(methods, answer)``: the OIP v2 gRPC ModelInfer answering ``answer`` (a constant
+    ModelInferResponse), for a gRPC server of offload's."""
+    from offload.serve.grpc_server import Method
     from offload.serve.oip_grpc import SERVICE
     from offload.serve.proto import grpc_predict_v2_pb2 as pb
 
@@ -136,7 +137,15 @@ async def _with_grpc_floors(server: uvicorn.Server, lean_port: int | None, grpci
     async def infer(request, call):
         return const
 
-    methods = {f"/{SERVICE}/ModelInfer": Method(pb.ModelInferRequest, infer)}
+    return {f"/{SERVICE}/ModelInfer": Method(pb.ModelInferRequest, infer)}, const
+
+
+async def _with_grpc_floors(server: uvicorn.Server, lean_port: int | None, grpcio_port: int | None, h2_port: int | None = None) -> None:
+    from offload.serve.grpc_server import GrpcServer
+    from offload.serve.http2 import Http2Limits
+    from offload.serve.oip_grpc import SERVICE
+
+    methods, const = grpc_floor_methods()
     servers = []
     if lean_port is not None:
         servers.append((GrpcServer(methods, Http2Limits(), max_rpcs=1024), lean_port))

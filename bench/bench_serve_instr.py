@@ -25,6 +25,15 @@ last-level model is not this machine's, so only first-level misses are reported.
 ``--base REV`` counts the service at git revision REV too (a temporary worktree, imported with this
 environment's packages as ``_at_tree.py`` does): what a change did, in instructions.
 
+``--protocol grpc`` counts batch-1 binary ModelInfer RPCs over the lean gRPC server instead, one in
+flight: the service's server and the constant-answer gRPC floor of ``_serve_baselines.py``, each a
+connection on a stand-in transport fed by an ``h2`` client. Only the server's side is counted, from
+its read of a request to its answer's last frame, so the client costs nothing here; the floor is
+then the lean transport and a constant handler. With ``--cold`` it counts their lines the same way.
+``--base`` needs a base from the commit that added this on (``GrpcServer.connection``).
+
+    .venv/bin/python bench/bench_serve_instr.py --protocol grpc --conc 1 [--rounds 200] [--cold 40]
+
 Needs valgrind (Debian: ``apt-get install valgrind``); about a minute per count, and about two more
 for each tree whose kernel numba has not yet compiled under valgrind (see ``_warm``).
 """
@@ -49,6 +58,9 @@ _TOGGLE = "dropwhile_next"  # itertools.dropwhile's step: called by the measured
 def _child(kind: str, bundle: str, conc: int, rounds: int, tree: str | None = None) -> None:
     import uvloop
 
+    if kind.startswith("grpc-"):
+        _child_grpc(kind, bundle, rounds, 0, tree)
+        return
     svc, app, (scope, receive, send, statuses) = _app(kind, bundle, tree)
 
     async def go(n: int) -> bool:
@@ -75,6 +87,9 @@ def _child_cold(kind: str, bundle: str, rounds: int, sweep_mb: int) -> None:
     import numpy as np
     import uvloop
 
+    if kind.startswith("grpc-"):
+        _child_grpc(kind, bundle, rounds, sweep_mb, None)
+        return
     svc, app, (scope, receive, send, statuses) = _app(kind, bundle, None)
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -88,6 +103,30 @@ def _child_cold(kind: str, bundle: str, rounds: int, sweep_mb: int) -> None:
         list(itertools.dropwhile(lambda _: loop.run_until_complete(app(scope, receive, send)), [0]))
     if set(statuses) != {200}:
         raise SystemExit(f"the app answered {sorted(set(statuses))}, not only 200")
+
+
+def _child_grpc(kind: str, bundle: str, rounds: int, sweep_mb: int, tree: str | None) -> None:
+    """``rounds`` lone gRPC requests, each counted on its own from the server's read of it to its
+    answer's last frame, with ``sweep_mb`` MB read before each (0: none)."""
+    import numpy as np
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    svc, serve, one, statuses = loop.run_until_complete(_grpc(kind, bundle, tree))
+    if svc is not None:
+        loop.run_until_complete(svc.batcher.start())
+    for _ in range(600):  # JIT, caches, first-call paths; the batcher's lonely state
+        loop.run_until_complete(serve(one()))
+    lines = np.ones(sweep_mb << 20, dtype=np.uint8)[::64] if sweep_mb else None  # one byte a cache line
+    for _ in range(rounds):
+        data = one()
+        if lines is not None:
+            lines.sum()
+        list(itertools.dropwhile(lambda _: loop.run_until_complete(serve(data)), [0]))
+    one()  # reads the last answer
+    if len(statuses) != 600 + rounds or set(statuses) != {b"0"}:
+        raise SystemExit(f"{len(statuses)} answers for {600 + rounds} RPCs, grpc-status {sorted(set(statuses))}, not only 0")
 
 
 def _app(kind: str, bundle: str, tree: str | None):
@@ -116,6 +155,97 @@ def _app(kind: str, bundle: str, tree: str | None):
 
     # The headers uvicorn hands the app for bench_serve.py's load tool.
     return svc, app, asgi_infer(body, [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")])
+
+
+async def _grpc(kind: str, bundle: str, tree: str | None):
+    """``(service or None, serve, one, statuses)`` for ``grpc-service`` and ``grpc-floor``: a
+    connection of the lean gRPC server (the service's, as ``offload serve --grpc-port`` makes it,
+    or ``_serve_baselines.py``'s constant ModelInfer) on a stand-in transport, made on the running
+    loop (its timers need one), and an ``h2`` client that speaks to it as grpc core's does (the
+    same request headers; window updates and settings acknowledgements go with the next request).
+
+    ``one()`` reads the previous answer (its grpc-status to ``statuses``) and makes the bytes of a
+    batch-1 ModelInfer request (raw FP32 contents, as ``tritonclient.grpc`` sends them);
+    ``await serve(data)`` is the server's read of them and the loop's passes until the answer's
+    last frame is written: a lone request is answered inside the read, but every few a batcher's
+    leader takes a pass (``batcher._PROBE_EVERY``)."""
+    if tree is not None:
+        from _at_tree import TreeFinder
+
+        sys.meta_path.insert(0, TreeFinder(Path(tree)))
+    import h2.config
+    import h2.connection
+    import h2.events
+    import numpy as np
+
+    from offload.serve.grpc_server import GrpcServer
+    from offload.serve.http2 import Http2Limits
+    from offload.serve.oip_grpc import SERVICE
+    from offload.serve.proto import grpc_predict_v2_pb2 as pb
+
+    svc = None
+    if kind == "grpc-service":
+        import offload
+        from offload.serve.app import ScoringService
+        from offload.serve.config import ServeConfig
+        from offload.serve.oip_grpc import GrpcEndpoint
+
+        svc = ScoringService(offload.load(bundle), ServeConfig(device="sim"))
+        svc._started = True  # the batcher is started on the child's loop
+        server = GrpcEndpoint(svc, "127.0.0.1", 0).server
+    else:
+        from _serve_baselines import grpc_floor_methods  # bench/ is on the path: this script lives there
+
+        server = GrpcServer(grpc_floor_methods()[0], Http2Limits(), max_rpcs=1024)
+    written: list[bytes] = []
+    ended = [0]  # streams the server has ended (HEADERS or DATA frames with END_STREAM)
+
+    class _Transport:  # what Http2Connection calls on a healthy connection
+        def write(self, data: bytes) -> None:
+            written.append(data)
+            i = 0
+            while i < len(data):
+                if data[i + 3] in (0, 1) and data[i + 4] & 1:
+                    ended[0] += 1
+                i += 9 + int.from_bytes(data[i : i + 3], "big")
+
+        def get_extra_info(self, name, default=None):
+            return default
+
+    conn = server.connection()
+    conn.connection_made(_Transport())
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    client.initiate_connection()
+    x = np.array([0.1 * i + 0.123 for i in range(16)], dtype=np.float32)
+    req = pb.ModelInferRequest(model_name="risk", inputs=[pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 16])], raw_input_contents=[x.tobytes()])
+    msg = req.SerializeToString()
+    msg = b"\0" + len(msg).to_bytes(4, "big") + msg
+    head = [
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", f"/{SERVICE}/ModelInfer".encode()), (b":authority", b"127.0.0.1:8001"),
+        (b"te", b"trailers"), (b"content-type", b"application/grpc"), (b"user-agent", b"grpc-python/1.85.1 grpc-c/51.0.0 (linux; chttp2)"),
+        (b"grpc-accept-encoding", b"identity, deflate, gzip"),
+    ]  # fmt: skip
+    statuses: list[bytes] = []
+
+    def one() -> bytes:
+        for ev in client.receive_data(b"".join(written)):
+            if isinstance(ev, h2.events.TrailersReceived):
+                statuses.append(dict(ev.headers).get(b"grpc-status", b"?"))
+            elif isinstance(ev, h2.events.DataReceived):
+                client.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+        written.clear()
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, head)
+        client.send_data(sid, msg, end_stream=True)
+        return client.data_to_send()
+
+    async def serve(data: bytes) -> None:
+        n = ended[0]
+        conn.data_received(data)
+        while ended[0] == n:
+            await asyncio.sleep(0)
+
+    return svc, serve, one, statuses
 
 
 def _child_env() -> dict[str, str]:
@@ -170,9 +300,9 @@ def _lines_cold(kind: str, bundle: str, rounds: int, sweep_mb: int, tmp: Path) -
     return per
 
 
-def _cold(bundle: str, rounds: int, sweep_mb: int, tmp: Path) -> None:
-    _warm(["--child-cold", "service", bundle, "1", "1"])
-    floor, service = (_lines_cold(k, bundle, rounds, sweep_mb, tmp) for k in ("floor", "service"))
+def _cold(bundle: str, rounds: int, sweep_mb: int, tmp: Path, proto: str) -> None:
+    _warm(["--child-cold", f"{proto}service", bundle, "1", "1"])
+    floor, service = (_lines_cold(f"{proto}{k}", bundle, rounds, sweep_mb, tmp) for k in ("floor", "service"))
     print(f"first-level misses a lone request, {sweep_mb} MB read before each: floor app {floor['']:,.0f}, service {service['']:,.0f} ({service[''] - floor['']:+,.0f})")
     extra = sorted(((service.get(n, 0.0) - floor.get(n, 0.0), n) for n in set(service) | set(floor) if n), reverse=True)
     print("| function | service | floor app | lines over the floor's |\n|---|---:|---:|---:|")
@@ -192,7 +322,11 @@ def main() -> None:
     ap.add_argument("--rounds", default="400,10", help="measured rounds for each --conc")
     ap.add_argument("--base", default=None, metavar="REV", help="also count the service at git revision REV")
     ap.add_argument("--cold", type=int, default=0, metavar="MB", help="count lone requests' first-level misses, MB read before each (see above)")
+    ap.add_argument("--protocol", choices=["rest", "grpc"], default="rest", help="JSON over HTTP/1.1 (the ASGI app), or binary gRPC (the lean server); gRPC: --conc 1 only")
     a = ap.parse_args()
+    proto = "grpc-" if a.protocol == "grpc" else ""
+    if proto and a.conc != "1":
+        ap.error("--protocol grpc counts lone requests: --conc 1")
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     from _at_tree import add_worktree, remove_worktree  # bench/ is on the path: this script lives there
@@ -203,20 +337,20 @@ def main() -> None:
         tmp = Path(d)
         build_risk_bundle(tmp / "risk")
         if a.cold:
-            _cold(str(tmp / "risk"), int(a.rounds.split(",")[0]), a.cold, tmp)
+            _cold(str(tmp / "risk"), int(a.rounds.split(",")[0]), a.cold, tmp, proto)
             return
         base = add_worktree(a.base, tmp / "base") if a.base is not None else None
         try:
             for tree in [None] + ([base] if base else []):
-                _warm(["--child", "service", str(tmp / "risk"), "1", "1", *([str(tree)] if tree else [])])
+                _warm(["--child", f"{proto}service", str(tmp / "risk"), "1", "1", *([str(tree)] if tree else [])])
             print("| requests in flight | floor instructions/req | service instructions/req | service's own (difference) |" + (f" service at {a.base} | this / base, service's own |" if base else ""))
             print("|---:|---:|---:|---:|" + ("---:|---:|" if base else ""))
             for conc, rounds in zip((int(c) for c in a.conc.split(",")), (int(r) for r in a.rounds.split(","))):
-                floor = _count("floor", str(tmp / "risk"), conc, rounds, tmp)
-                service = _count("service", str(tmp / "risk"), conc, rounds, tmp)
+                floor = _count(f"{proto}floor", str(tmp / "risk"), conc, rounds, tmp)
+                service = _count(f"{proto}service", str(tmp / "risk"), conc, rounds, tmp)
                 row = f"| {conc} | {floor:,.0f} | {service:,.0f} | {service - floor:,.0f} |"
                 if base is not None:
-                    was = _count("service", str(tmp / "risk"), conc, rounds, tmp, base)
+                    was = _count(f"{proto}service", str(tmp / "risk"), conc, rounds, tmp, base)
                     row += f" {was:,.0f} | {(service - floor) / (was - floor):.3f} |"
                 print(row, flush=True)
         finally:

@@ -320,10 +320,22 @@ class GrpcServer:
         # A body is one message and its prefix.
         self._conn_limits = dataclasses.replace(limits, max_body_bytes=limits.max_body_bytes + 5)
 
+    def connection(self) -> Http2Connection:
+        """The protocol of one accepted connection, as :meth:`start`'s listener makes it; handed a
+        transport of one's own, it drives the server with no socket (``bench_serve_instr.py``).
+
+        Example::
+
+            conn = server.connection()
+            conn.connection_made(transport)   # writes the server's SETTINGS to it
+            conn.data_received(client_bytes)  # requests in; answers to transport.write
+        """
+        return Http2Connection(self._app, self._conn_limits, self._conns)
+
     async def start(self, host: str, port: int) -> int:
         """Listens on ``host:port`` (0: any free port); returns the port. Raises ``OSError``."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Http2Connection(self._app, self._conn_limits, self._conns), host, port, backlog=4096)
+        self._server = await loop.create_server(self.connection, host, port, backlog=4096)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace_s: float) -> None:

@@ -253,10 +253,9 @@ class GrpcEndpoint:
         self.svc = svc
         self.host, self.port = host, port
         self.oip = OipGrpc(svc)
-        self._server: Any = None
-
-    async def start(self) -> None:
-        cfg = self.svc.config
+        cfg = svc.config
+        # The server (no socket yet): a GrpcServer or an AioServer, as config.grpc_server says.
+        self.server: Any
         if cfg.grpc_server == "lean":
             limits = Http2Limits(
                 max_streams=cfg.grpc_max_streams,
@@ -266,21 +265,24 @@ class GrpcEndpoint:
                 body_timeout_s=cfg.body_timeout_s,
                 max_connections=cfg.max_connections or default_max_connections(),
             )
-            server: Any = GrpcServer(self.oip.methods(), limits, max_rpcs=cfg.max_queue_size, on_status=self.oip.refused)
+            self.server = GrpcServer(self.oip.methods(), limits, max_rpcs=cfg.max_queue_size, on_status=self.oip.refused)
         else:
             from offload.serve.grpc_aio import AioServer  # imports grpc: only when asked for
 
-            server = AioServer(SERVICE, self.oip.methods(), max_message_bytes=cfg.max_body_bytes, max_streams=cfg.grpc_max_streams, max_rpcs=cfg.max_queue_size)
+            self.server = AioServer(SERVICE, self.oip.methods(), max_message_bytes=cfg.max_body_bytes, max_streams=cfg.grpc_max_streams, max_rpcs=cfg.max_queue_size)
+        self._listening = False
+
+    async def start(self) -> None:
         try:
-            bound = await server.start(self.host, self.port)
+            bound = await self.server.start(self.host, self.port)
         except OSError as e:
             raise ConfigError(f"grpc_port={self.port}: cannot listen on {self.host} ({e})") from None
         self.port = bound
-        self._server = server
-        _log.info("gRPC (OIP v2, %s) listening on %s:%d", cfg.grpc_server, self.host, bound)
+        self._listening = True
+        _log.info("gRPC (OIP v2, %s) listening on %s:%d", self.svc.config.grpc_server, self.host, bound)
 
     async def stop(self, grace_s: float) -> None:
         """Refuses new RPCs and answers those in progress (up to ``grace_s``)."""
-        if self._server is not None:
-            await self._server.stop(grace_s)
-            self._server = None
+        if self._listening:
+            await self.server.stop(grace_s)
+            self._listening = False
