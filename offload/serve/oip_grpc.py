@@ -66,14 +66,20 @@ _OTHER_CONTENTS = ("bool_contents", "int_contents", "int64_contents", "uint_cont
 def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec, max_batch: int) -> tuple[np.ndarray, bool]:
     """The rows of a ModelInferRequest (float32, the FP32 values sent) and whether the
     input came as ``raw_input_contents`` (the answer then uses raw output contents too)."""
-    if len(req.inputs) != 1:
-        raise InvalidRequest(f"inputs: expected exactly 1 tensor named {inp.name!r}, got {len(req.inputs)}")
-    t = req.inputs[0]
+    # A repeated field is read by index or slice, never iterated: upb's containers have no
+    # iterator, so Python walks them by index until their item function raises a formatted
+    # IndexError (protobuf python/repeated.c, PyUpb_RepeatedContainer_Item, 7.3x), about a
+    # microsecond a loop. A slice is one C call that makes the list. Each attribute read of a
+    # message is a name lookup in upb: each is read once.
+    inputs = req.inputs
+    if len(inputs) != 1:
+        raise InvalidRequest(f"inputs: expected exactly 1 tensor named {inp.name!r}, got {len(inputs)}")
+    t = inputs[0]
     if t.name != inp.name:
         raise InvalidRequest(f"inputs[0].name: unknown input {t.name!r}; the model's input is {inp.name!r}")
     if t.datatype != inp.datatype:
         raise InvalidRequest(f"inputs[0].datatype: {t.datatype!r} is not supported; expected {inp.datatype!r}")
-    b, f = check_shape(list(t.shape), inp, max_batch)
+    b, f = check_shape(t.shape[:], inp, max_batch)
     raw = req.raw_input_contents
     if raw:
         if len(raw) != 1:
@@ -91,10 +97,12 @@ def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec
                 raise InvalidRequest(f"inputs[0].contents.{name}: the input is FP32; send fp32_contents or raw_input_contents")
         if len(c.fp32_contents) != b * f:
             raise InvalidRequest(f"inputs[0].contents.fp32_contents: {len(c.fp32_contents)} values; shape [{b}, {f}] needs {b * f}")
-        x32 = np.array(c.fp32_contents, dtype=np.float32).reshape(b, f)
-    for i, o in enumerate(req.outputs):
-        if o.name != out.name:
-            raise InvalidRequest(f"outputs[{i}].name: unknown output {o.name!r}; the model's output is {out.name!r}")
+        x32 = np.array(c.fp32_contents[:], dtype=np.float32).reshape(b, f)
+    outputs = req.outputs
+    if outputs:
+        for i, o in enumerate(outputs[:]):
+            if o.name != out.name:
+                raise InvalidRequest(f"outputs[{i}].name: unknown output {o.name!r}; the model's output is {out.name!r}")
     return x32, bool(raw)
 
 
