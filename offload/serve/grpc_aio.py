@@ -62,7 +62,12 @@ def _handler(method: Method):
         except GrpcError as e:
             await context.abort(grpc.StatusCode[e.code], e.message)
 
-    return grpc.unary_unary_rpc_method_handler(handle, request_deserializer=method.request_type.FromString, response_serializer=lambda m: m.SerializeToString())
+    return grpc.unary_unary_rpc_method_handler(handle, request_deserializer=method.request_type.FromString, response_serializer=_serialize)
+
+
+def _serialize(resp: Any) -> bytes:
+    """A handler's answer on the wire: a message serialized, or bytes as they are (:class:`Method`)."""
+    return resp if type(resp) is bytes else resp.SerializeToString()
 
 
 class AioServer:

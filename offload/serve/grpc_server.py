@@ -12,8 +12,8 @@ in progress than ``max_rpcs`` RESOURCE_EXHAUSTED, a message that does not parse 
 frame INTERNAL, a missed deadline DEADLINE_EXCEEDED; a non-POST is HTTP 405 and another
 content-type HTTP 415, as the protocol document asks.
 
-Handlers are ``async def handler(request, call) -> response``; they end an RPC with a status by
-raising :class:`GrpcError`. A handler starts inside the read that completed its request, in a
+Handlers are ``async def handler(request, call) -> response``, the response a message or its
+serialized bytes; they end an RPC with a status by raising :class:`GrpcError`. A handler starts inside the read that completed its request, in a
 context of its own (``contextvars``), and goes on in a task of that context at its first wait, so
 an RPC that needs none is answered with no task and no pass of the event loop; until that first
 wait ``asyncio.current_task()`` is None. It is cancelled when the client resets the stream, the
@@ -78,6 +78,8 @@ class Method:
     """A unary method: how to parse its request, and the handler."""
 
     request_type: Any  # a protobuf message class
+    # Answers a message, or its wire bytes where the handler has them more cheaply than the
+    # message (bytes pass through as they are).
     handler: Callable[[Any, "Call"], Awaitable[Any]]
 
 
@@ -279,7 +281,7 @@ class _App:
     async def _run(self, conn: Http2Connection, sid: int, m: Method, request: Any, call: Call) -> None:
         try:
             resp = await m.handler(request, call)
-            out = resp.SerializeToString()
+            out = resp if type(resp) is bytes else resp.SerializeToString()
         except GrpcError as e:
             conn.respond(sid, _trailers_only(e.code, e.message))
         except asyncio.CancelledError:

@@ -121,6 +121,7 @@ class OipGrpc:
         self._want = svc.config.api_key.encode() if svc.config.api_key else None
         self._hist = svc.metrics.request_duration.labels(model=m.name)
         self._codes: dict[str, Any] = {}
+        self._heads: dict[int, bytes] = {}  # raw_answer's serialized fixed part, by batch size
         # The hot path's OK counter, added to directly (a LoopCounter child: a plain number);
         # exported as 0 from the start, as REST's 200s are.
         self._ok = self._codes["OK"] = svc.metrics.grpc_responses.labels(code="OK")
@@ -238,15 +239,38 @@ class OipGrpc:
         if n != y.shape[0]:  # its rows of a shared batch (a lone request's are the batch: no slice, a NumPy call)
             y = y[off : off + n]
         y32 = as_fp32(y)  # the runner's rows are C-ordered float32 already: no NumPy call
-        out = pb.ModelInferResponse.InferOutputTensor(name=model.output.name, datatype="FP32", shape=y32.shape)
         if raw:
-            resp = pb.ModelInferResponse(model_name=self._name, model_version=self._version, id=request.id, outputs=[out], raw_output_contents=[y32.tobytes()])
+            resp: Any = self.raw_answer(request.id, y32)
         else:
+            out = pb.ModelInferResponse.InferOutputTensor(name=model.output.name, datatype="FP32", shape=y32.shape)
             out.contents.fp32_contents.extend(y32.ravel().tolist())
             resp = pb.ModelInferResponse(model_name=self._name, model_version=self._version, id=request.id, outputs=[out])
         self._hist.observe(time.perf_counter() - t0)
         self._ok.value += 1
         return resp
+
+    def raw_answer(self, request_id: str, y32: np.ndarray) -> bytes:
+        """The wire bytes of the ModelInferResponse that answers ``y32`` (the [n, outputs] FP32
+        rows) as raw output contents to request ``request_id``.
+
+        Two serialized messages, concatenated: the parts that depend only on the batch size (model
+        name and version, the output tensor's name, datatype and shape), serialized once per size,
+        then the request's id and the rows. A parser merges concatenated messages into one, and
+        fields may come in any order (protobuf's encoding guide, "Last One Wins" and "Field
+        Order"), so every client reads the same message as from one serialization. Per request
+        that is one small message instead of three, with their lists (upb: ~4.6 against ~1.8 us).
+
+        Example::
+
+            wire = oip.raw_answer("req-1", np.float32([[0.25]]))
+            pb.ModelInferResponse.FromString(wire).raw_output_contents[0]   # b"\x00\x00\x80>"
+        """
+        n = y32.shape[0]
+        head = self._heads.get(n)
+        if head is None:  # at most one a batch size, up to max_batch_size
+            out = pb.ModelInferResponse.InferOutputTensor(name=self.svc.model.output.name, datatype="FP32", shape=y32.shape)
+            head = self._heads[n] = pb.ModelInferResponse(model_name=self._name, model_version=self._version, outputs=[out]).SerializeToString()
+        return head + pb.ModelInferResponse(id=request_id, raw_output_contents=[y32.tobytes()]).SerializeToString()
 
 
 # The error type (offload_errors_total{type}) of a status the transport gives by itself.

@@ -713,8 +713,9 @@ def test_an_rpc_waiting_on_its_batch_suspends_in_one_frame_of_the_service(bundle
     x = np.random.default_rng(15).normal(scale=4.0, size=(1, 16)).astype(np.float32)
     tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 16])
     request = pb.ModelInferRequest(model_name="risk", inputs=[tensor], raw_input_contents=[x.tobytes()])
-    names, resp = asyncio.run(_suspended_in_service(svc, oip.model_infer(request, Call([], None))))
+    names, wire = asyncio.run(_suspended_in_service(svc, oip.model_infer(request, Call([], None))))
     assert names == ["model_infer"]
+    resp = pb.ModelInferResponse.FromString(wire)
     dev = SimDevice()
     want = dev.run(dev.load(next(iter(bundle.kernels.values()))), {"x": x.astype(np.float64)})["y"].astype(np.float32)
     assert resp.raw_output_contents[0] == want.tobytes() and list(resp.outputs[0].shape) == [1, 1]

@@ -1,6 +1,6 @@
 """The OIP v2 gRPC methods' own parsing and answers (offload/serve/oip_grpc.py), without a server:
-how a request's repeated fields are read, and the raw answer's wire bytes. The live protocol
-(tritonclient, both transports) is tests/serve/test_grpc.py's."""
+how a request's repeated fields are read, and the raw answer's wire bytes, built from a cached
+head. The live protocol (tritonclient, both transports) is tests/serve/test_grpc.py's."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import _serve_standin as standin
+from offload.serve.app import ScoringService
+from offload.serve.config import ServeConfig
 from offload.serve.errors import InvalidRequest
 from offload.serve.oip import TensorSpec
-from offload.serve.oip_grpc import parse_grpc_infer
+from offload.serve.oip_grpc import OipGrpc, parse_grpc_infer
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
 
 INP, OUT = TensorSpec("x", 16), TensorSpec("y", 1)
@@ -48,3 +51,25 @@ def test_repeated_fields_are_read_by_index_or_slice(raw):
     # A wrong output further down the list is still found, and named by its index.
     with pytest.raises(InvalidRequest, match=r"outputs\[1\]\.name: unknown output 'z'"):
         parse_grpc_infer(_message_like(x, ["y", "z"], raw), INP, OUT, 64)
+
+
+@pytest.fixture(scope="module")
+def oip():
+    from offload.host.bundle import load
+
+    return OipGrpc(ScoringService(load(standin.risk_bundle_path()), ServeConfig(device="sim")))
+
+
+def test_a_raw_answer_reads_as_the_whole_message_serialized_once(oip):
+    rng = np.random.default_rng(9)
+    # Batch sizes in an order that reuses a cached head after another size's; ids empty, short,
+    # and long enough (multi-byte UTF-8, 320 bytes) for a two-byte length.
+    for n, rid in [(1, ""), (3, "req-7"), (1, "é" * 160), (64, "x"), (3, "")]:
+        y = rng.normal(size=(n, 1)).astype(np.float32)
+        wire = oip.raw_answer(rid, y)
+        out = pb.ModelInferResponse.InferOutputTensor(name="y", datatype="FP32", shape=[n, 1])
+        want = pb.ModelInferResponse(model_name="risk", model_version="1", id=rid, outputs=[out], raw_output_contents=[y.tobytes()])
+        got = pb.ModelInferResponse.FromString(wire)
+        assert got == want, (n, rid)
+        # What a client reads back: the rows bit for bit, the shape its own.
+        assert list(got.outputs[0].shape) == [n, 1] and got.raw_output_contents[0] == y.tobytes()
