@@ -220,19 +220,22 @@ class ScoringService:
             status, out, headers = await self._score(body, request.headers.get(HEADER_LENGTH), time.perf_counter())
         return Response(out, status_code=status, headers=headers)
 
-    def submit_rows(self, x: np.ndarray) -> tuple[BatchOut, int, int] | Awaitable[tuple[BatchOut, int, int]]:
+    def submit_rows(self, x: np.ndarray, finite: bool = False) -> tuple[BatchOut, int, int] | Awaitable[tuple[BatchOut, int, int]]:
         """The one data plane of both protocols for rows that came as an array: the kernel's input
         check, then the batcher (:meth:`DynamicBatcher.submit`'s answer, or its awaitable: await
         it at once, in the caller's own frame). ``x`` is [n, F] FP32 values (float32, or float64
-        holding them). The service must have started (``_ensure_started``). REST's hot path takes
-        the same two steps, the check only for rows its parser did not prove finite.
+        holding them), at most ``max_batch_size`` rows. ``finite``: the caller has proved every
+        value finite (:func:`~offload.serve.oip.fp32_finite`), which is all the check has left to
+        ask of such rows, so it is skipped. The service must have started (``_ensure_started``).
+        REST's hot path takes the same two steps.
 
         Example::
 
             r = svc.submit_rows(rows)
             out, off, n = r if type(r) is tuple else await r     # rows off:off+n of out.y
         """
-        self._check_rows(x)
+        if not finite:
+            self._check_rows(x)
         return self.batcher.submit(x, self._timeout_s)
 
     def _check_rows(self, x: np.ndarray) -> None:
@@ -262,8 +265,8 @@ class ScoringService:
         model = self.model
         req = parse_infer(body, header_length, model.input, model.output, self.config.max_batch_size, lazy_json=True)
         # Finite float rows of the model's width, at most max_batch_size (<= the kind's
-        # MAX_BATCH) of them, are everything the mlp kind's input check asks for: the JSON
-        # rows the parser proved finite need no second look (the binary ones get it).
+        # MAX_BATCH) of them, are everything the mlp kind's input check asks for: rows the
+        # parser proved finite (JSON, and small binary tensors) need no second look.
         if not req.finite:
             self._check_rows(req.x)
         return req

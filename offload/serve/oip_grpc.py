@@ -50,7 +50,7 @@ from offload.serve.errors import ConfigError, InvalidRequest, ServeError, Unauth
 from offload.serve.grpc_server import Call, GrpcError, GrpcServer, Method
 from offload.serve.http2 import Http2Limits
 from offload.serve.httpguard import default_max_connections
-from offload.serve.oip import TensorSpec, as_fp32, check_shape, fp32_rows
+from offload.serve.oip import TensorSpec, as_fp32, check_shape, fp32_finite, fp32_rows
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
 
 __all__ = ["GrpcEndpoint", "OipGrpc", "parse_grpc_infer", "SERVICE"]
@@ -63,9 +63,10 @@ SERVICE = "inference.GRPCInferenceService"
 _OTHER_CONTENTS = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents", "fp64_contents", "bytes_contents")
 
 
-def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec, max_batch: int) -> tuple[np.ndarray, bool]:
-    """The rows of a ModelInferRequest (float32, the FP32 values sent) and whether the
-    input came as ``raw_input_contents`` (the answer then uses raw output contents too)."""
+def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec, max_batch: int) -> tuple[np.ndarray, bool, bool]:
+    """The rows of a ModelInferRequest (float32, the FP32 values sent); whether the input came
+    as ``raw_input_contents`` (the answer then uses raw output contents too); and whether its
+    values are proved finite (:func:`~offload.serve.oip.fp32_finite`, raw contents only)."""
     # A repeated field is read by index or slice, never iterated: upb's containers have no
     # iterator, so Python walks them by index until their item function raises a formatted
     # IndexError (protobuf python/repeated.c, PyUpb_RepeatedContainer_Item, 7.3x), about a
@@ -90,6 +91,7 @@ def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec
         if len(data) != b * f * 4:
             raise InvalidRequest(f"raw_input_contents[0]: {len(data)} bytes; shape [{b}, {f}] FP32 needs {b * f * 4}")
         x32 = fp32_rows(data, b, f)
+        finite = fp32_finite(data)
     else:
         c = t.contents
         for name in _OTHER_CONTENTS:
@@ -98,12 +100,13 @@ def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec
         if len(c.fp32_contents) != b * f:
             raise InvalidRequest(f"inputs[0].contents.fp32_contents: {len(c.fp32_contents)} values; shape [{b}, {f}] needs {b * f}")
         x32 = np.array(c.fp32_contents[:], dtype=np.float32).reshape(b, f)
+        finite = False
     outputs = req.outputs
     if outputs:
         for i, o in enumerate(outputs[:]):
             if o.name != out.name:
                 raise InvalidRequest(f"outputs[{i}].name: unknown output {o.name!r}; the model's output is {out.name!r}")
-    return x32, bool(raw)
+    return x32, bool(raw), finite
 
 
 class OipGrpc:
@@ -216,11 +219,11 @@ class OipGrpc:
         try:
             self._check_auth(call)
             self._check_model(request.model_name, request.model_version)
-            x, raw = parse_grpc_infer(request, model.input, model.output, svc.config.max_batch_size)
+            x, raw, finite = parse_grpc_infer(request, model.input, model.output, svc.config.max_batch_size)
             # The batcher's awaitable awaited in this frame (each coroutine between the RPC and
             # its future is a frame on every resume, as on REST's hot path). The service has
             # started: its lifespan starts it before it opens the gRPC port (GrpcEndpoint.start).
-            r = svc.submit_rows(x)
+            r = svc.submit_rows(x, finite)
             shared, off, n = r if type(r) is tuple else await r
         except ServeError as e:
             self._hist.observe(time.perf_counter() - t0)

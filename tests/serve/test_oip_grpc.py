@@ -38,15 +38,15 @@ def _message_like(x: np.ndarray, outputs: list[str], raw: bool) -> SimpleNamespa
 @pytest.mark.parametrize("raw", [True, False], ids=["raw", "fp32_contents"])
 def test_repeated_fields_are_read_by_index_or_slice(raw):
     x = np.random.default_rng(4).normal(size=(3, 16)).astype(np.float32)
-    got, was_raw = parse_grpc_infer(_message_like(x, ["y", "y"], raw), INP, OUT, 64)
-    assert was_raw is raw
+    got, was_raw, finite = parse_grpc_infer(_message_like(x, ["y", "y"], raw), INP, OUT, 64)
+    assert was_raw is raw and finite is raw  # typed contents are not looked at
     np.testing.assert_array_equal(got.view(np.uint32), x.view(np.uint32))
     # The same request as a real message reads the same.
     t = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[3, 16])
     if not raw:
         t.contents.fp32_contents.extend(x.ravel().tolist())
     req = pb.ModelInferRequest(inputs=[t], outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="y")] * 2, raw_input_contents=[x.tobytes()] if raw else [])
-    again, _ = parse_grpc_infer(req, INP, OUT, 64)
+    again, _, _ = parse_grpc_infer(req, INP, OUT, 64)
     np.testing.assert_array_equal(again.view(np.uint32), x.view(np.uint32))
     # A wrong output further down the list is still found, and named by its index.
     with pytest.raises(InvalidRequest, match=r"outputs\[1\]\.name: unknown output 'z'"):
