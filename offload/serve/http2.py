@@ -229,11 +229,13 @@ class HeaderDecoder:
         return got
 
 
-_FRAME_HEAD = struct.Struct(">I")
+# A frame's 9-byte head in one pack: the 24-bit length and the type as one 32-bit word, then the
+# flags and the stream id (the reserved bit is 0: ids are below 2**31).
+_FRAME_HEAD = struct.Struct(">IBI")
 
 
 def _frame(typ: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
-    return _FRAME_HEAD.pack(len(payload))[1:] + bytes((typ, flags)) + _FRAME_HEAD.pack(sid) + payload
+    return _FRAME_HEAD.pack(len(payload) << 8 | typ, flags, sid) + payload
 
 
 class _Stream:
