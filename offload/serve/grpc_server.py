@@ -171,18 +171,11 @@ class _App:
 
     def request(self, conn: Http2Connection, sid: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         srv = self.server
-        method = path = ctype = timeout = encoding = None
-        for k, v in headers:
-            if k == b":path":
-                path = v
-            elif k == b":method":
-                method = v
-            elif k == b"content-type":
-                ctype = v
-            elif k == b"grpc-timeout":
-                timeout = v
-            elif k == b"grpc-encoding":
-                encoding = v
+        # One C call instead of a Python loop over the headers (~190 bytecodes a request); a
+        # repeated header keeps its last value, as the loop did.
+        h = dict(headers)
+        method, path, ctype = h.get(b":method"), h.get(b":path"), h.get(b"content-type")
+        timeout, encoding = h.get(b"grpc-timeout"), h.get(b"grpc-encoding")
         if method != b"POST":
             conn.respond(sid, encode_headers([(b":status", b"405")]))
             return
