@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from offload.serve.grpc_server import GrpcError, Method
+from offload.serve.grpc_server import GrpcError, Method, answer_bytes
 
 __all__ = ["AioServer", "TRANSPORT_OPTIONS"]
 
@@ -62,12 +62,7 @@ def _handler(method: Method):
         except GrpcError as e:
             await context.abort(grpc.StatusCode[e.code], e.message)
 
-    return grpc.unary_unary_rpc_method_handler(handle, request_deserializer=method.request_type.FromString, response_serializer=_serialize)
-
-
-def _serialize(resp: Any) -> bytes:
-    """A handler's answer on the wire: a message serialized, or bytes as they are (:class:`Method`)."""
-    return resp if type(resp) is bytes else resp.SerializeToString()
+    return grpc.unary_unary_rpc_method_handler(handle, request_deserializer=method.request_type.FromString, response_serializer=answer_bytes)
 
 
 class AioServer:

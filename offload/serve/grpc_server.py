@@ -13,10 +13,11 @@ frame INTERNAL, a missed deadline DEADLINE_EXCEEDED; a non-POST is HTTP 405 and 
 content-type HTTP 415, as the protocol document asks.
 
 Handlers are ``async def handler(request, call) -> response``, the response a message or its
-serialized bytes; they end an RPC with a status by raising :class:`GrpcError`. A handler starts inside the read that completed its request, in a
-context of its own (``contextvars``), and goes on in a task of that context at its first wait, so
-an RPC that needs none is answered with no task and no pass of the event loop; until that first
-wait ``asyncio.current_task()`` is None. It is cancelled when the client resets the stream, the
+serialized bytes (:func:`answer_bytes`); they end an RPC with a status by raising
+:class:`GrpcError`. A handler starts inside the read that completed its request, in a context of
+its own (``contextvars``), and goes on in a task of that context at its first wait, so an RPC that
+needs none is answered with no task and no pass of the event loop; until that first wait
+``asyncio.current_task()`` is None. It is cancelled when the client resets the stream, the
 connection drops or the deadline passes.
 
 Example::
@@ -44,7 +45,7 @@ from google.protobuf.message import DecodeError
 
 from offload.serve.http2 import Http2Connection, Http2Limits, encode_headers
 
-__all__ = ["GrpcServer", "GrpcError", "Method", "Call", "STATUS_CODES", "percent_encode"]
+__all__ = ["GrpcServer", "GrpcError", "Method", "Call", "STATUS_CODES", "percent_encode", "answer_bytes"]
 
 _log = logging.getLogger("offload.serve")
 
@@ -125,6 +126,16 @@ def percent_encode(message: str) -> bytes:
     if all(0x20 <= b <= 0x7E and b != 0x25 for b in raw):
         return raw
     return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b for b in raw)
+
+
+def answer_bytes(resp: Any) -> bytes:
+    """A handler's answer on the wire: a message serialized, or bytes (its wire form) as they are.
+
+    Example::
+
+        answer_bytes(pb.ModelInferResponse(id="r1")) == answer_bytes(b"\x1a\x02r1")   # True
+    """
+    return resp if type(resp) is bytes else resp.SerializeToString()
 
 
 def _trailers_only(code: str, message: str, extra: list[tuple[bytes, bytes]] = ()) -> bytes:
@@ -274,7 +285,7 @@ class _App:
     async def _run(self, conn: Http2Connection, sid: int, m: Method, request: Any, call: Call) -> None:
         try:
             resp = await m.handler(request, call)
-            out = resp if type(resp) is bytes else resp.SerializeToString()
+            out = answer_bytes(resp)
         except GrpcError as e:
             conn.respond(sid, _trailers_only(e.code, e.message))
         except asyncio.CancelledError:
