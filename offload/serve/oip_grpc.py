@@ -305,7 +305,6 @@ class GrpcEndpoint:
             from offload.serve.grpc_aio import AioServer  # imports grpc: only when asked for
 
             self.server = AioServer(SERVICE, self.oip.methods(), max_message_bytes=cfg.max_body_bytes, max_streams=cfg.grpc_max_streams, max_rpcs=cfg.max_queue_size)
-        self._listening = False
 
     async def start(self) -> None:
         try:
@@ -313,11 +312,9 @@ class GrpcEndpoint:
         except OSError as e:
             raise ConfigError(f"grpc_port={self.port}: cannot listen on {self.host} ({e})") from None
         self.port = bound
-        self._listening = True
         _log.info("gRPC (OIP v2, %s) listening on %s:%d", self.svc.config.grpc_server, self.host, bound)
 
     async def stop(self, grace_s: float) -> None:
-        """Refuses new RPCs and answers those in progress (up to ``grace_s``)."""
-        if self._listening:
-            await self.server.stop(grace_s)
-            self._listening = False
+        """Refuses new RPCs and answers those in progress (up to ``grace_s``); nothing for a
+        server that is not listening (both kinds' ``stop`` check)."""
+        await self.server.stop(grace_s)
