@@ -28,8 +28,9 @@ environment's packages as ``_at_tree.py`` does): what a change did, in instructi
 ``--protocol grpc`` counts batch-1 binary ModelInfer RPCs over the lean gRPC server instead, one in
 flight: the service's server and the constant-answer gRPC floor of ``_serve_baselines.py``, each a
 connection on a stand-in transport fed by an ``h2`` client. Only the server's side is counted, from
-its read of a request to its answer's last frame, so the client costs nothing here; the floor is
-then the lean transport and a constant handler. With ``--cold`` it counts their lines the same way.
+its read of a request to its answer's last frame (with the child's ``run_until_complete`` around
+it, the same on both sides), so the client costs nothing here; the floor is then the lean transport
+and a constant handler. With ``--cold`` it counts their lines the same way.
 ``--base`` needs a base from the commit that added this on (``GrpcServer.connection``).
 
     .venv/bin/python bench/bench_serve_instr.py --protocol grpc --conc 1 [--rounds 200] [--cold 40]
@@ -129,12 +130,17 @@ def _child_grpc(kind: str, bundle: str, rounds: int, sweep_mb: int, tree: str | 
         raise SystemExit(f"{len(statuses)} answers for {600 + rounds} RPCs, grpc-status {sorted(set(statuses))}, not only 0")
 
 
-def _app(kind: str, bundle: str, tree: str | None):
-    """(service or None, its ASGI app or the floor app, asgi_infer's request and answers)."""
-    if tree is not None:  # the offload packages from that checkout (before anything imports them)
-        from _at_tree import TreeFinder
+def _import_from(tree: str | None) -> None:
+    """The offload packages from checkout ``tree`` (None: this one), before anything imports them."""
+    if tree is not None:
+        from _at_tree import TreeFinder  # bench/ is on the path: this script lives there
 
         sys.meta_path.insert(0, TreeFinder(Path(tree)))
+
+
+def _app(kind: str, bundle: str, tree: str | None):
+    """(service or None, its ASGI app or the floor app, asgi_infer's request and answers)."""
+    _import_from(tree)
     import orjson
 
     body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.1 * i + 0.123 for i in range(16)]}]})
@@ -169,10 +175,7 @@ async def _grpc(kind: str, bundle: str, tree: str | None):
     ``await serve(data)`` is the server's read of them and the loop's passes until the answer's
     last frame is written: a lone request is answered inside the read, but every few a batcher's
     leader takes a pass (``batcher._PROBE_EVERY``)."""
-    if tree is not None:
-        from _at_tree import TreeFinder
-
-        sys.meta_path.insert(0, TreeFinder(Path(tree)))
+    _import_from(tree)
     import h2.config
     import h2.connection
     import h2.events
