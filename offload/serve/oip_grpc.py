@@ -69,7 +69,7 @@ def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec
     values are proved finite (:func:`~offload.serve.oip.fp32_finite`, raw contents only)."""
     # A repeated field is read by index or slice, never iterated: upb's containers have no
     # iterator, so Python walks them by index until their item function raises a formatted
-    # IndexError (protobuf python/repeated.c, PyUpb_RepeatedContainer_Item, 7.3x), about a
+    # IndexError (protobuf 7.36 python/repeated.c, PyUpb_RepeatedContainer_Item), about a
     # microsecond a loop. A slice is one C call that makes the list. Each attribute read of a
     # message is a name lookup in upb: each is read once.
     inputs = req.inputs
