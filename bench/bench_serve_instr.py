@@ -25,6 +25,9 @@ last-level model is not this machine's, so only first-level misses are reported.
 ``--base REV`` counts the service at git revision REV too (a temporary worktree, imported with this
 environment's packages as ``_at_tree.py`` does): what a change did, in instructions.
 
+``--protocol rest-binary`` sends the batch-1 request as a binary tensor instead of JSON, as
+``tritonclient.http`` does with ``binary_data=True``, and asks for a binary answer.
+
 ``--protocol grpc`` counts batch-1 binary ModelInfer RPCs over the lean gRPC server instead, one in
 flight: the service's server and the constant-answer gRPC floor of ``_serve_baselines.py``, each a
 connection on a stand-in transport fed by an ``h2`` client. Only the server's side is counted, from
@@ -139,11 +142,26 @@ def _import_from(tree: str | None) -> None:
 
 
 def _app(kind: str, bundle: str, tree: str | None):
-    """(service or None, its ASGI app or the floor app, asgi_infer's request and answers)."""
+    """(service or None, its ASGI app or the floor app, asgi_infer's request and answers); a
+    ``binary-`` kind's request is a binary tensor as ``tritonclient.http`` sends it, its answer
+    asked for as one too."""
     _import_from(tree)
+    import numpy as np
     import orjson
 
-    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.1 * i + 0.123 for i in range(16)]}]})
+    values = [0.1 * i + 0.123 for i in range(16)]
+    # The headers uvicorn hands the app for bench_serve.py's load tool.
+    headers = [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")]
+    if kind.startswith("binary-"):
+        import tritonclient.http as thttp
+
+        kind = kind.removeprefix("binary-")
+        tensor = thttp.InferInput("x", [1, 16], "FP32")
+        tensor.set_data_from_numpy(np.array([values], dtype=np.float32), binary_data=True)
+        body, json_size = thttp.InferenceServerClient.generate_request_body([tensor], outputs=[thttp.InferRequestedOutput("y", binary_data=True)])
+        headers = [(b"host", b"127.0.0.1:8000"), (b"inference-header-content-length", str(json_size).encode())]
+    else:
+        body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": values}]})
     svc = None
     if kind == "service":
         import offload
@@ -159,8 +177,7 @@ def _app(kind: str, bundle: str, tree: str | None):
         app = floor_app()
     from bench_serve_inproc import asgi_infer
 
-    # The headers uvicorn hands the app for bench_serve.py's load tool.
-    return svc, app, asgi_infer(body, [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")])
+    return svc, app, asgi_infer(body, headers)
 
 
 async def _grpc(kind: str, bundle: str, tree: str | None):
@@ -325,10 +342,10 @@ def main() -> None:
     ap.add_argument("--rounds", default="400,10", help="measured rounds for each --conc")
     ap.add_argument("--base", default=None, metavar="REV", help="also count the service at git revision REV")
     ap.add_argument("--cold", type=int, default=0, metavar="MB", help="count lone requests' first-level misses, MB read before each (see above)")
-    ap.add_argument("--protocol", choices=["rest", "grpc"], default="rest", help="JSON over HTTP/1.1 (the ASGI app), or binary gRPC (the lean server); gRPC: --conc 1 only")
+    ap.add_argument("--protocol", choices=["rest", "rest-binary", "grpc"], default="rest", help="JSON over HTTP/1.1 (the ASGI app), binary tensors over it, or binary gRPC (the lean server); gRPC: --conc 1 only")
     a = ap.parse_args()
-    proto = "grpc-" if a.protocol == "grpc" else ""
-    if proto and a.conc != "1":
+    proto = {"rest": "", "rest-binary": "binary-", "grpc": "grpc-"}[a.protocol]
+    if proto == "grpc-" and a.conc != "1":
         ap.error("--protocol grpc counts lone requests: --conc 1")
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
