@@ -97,9 +97,10 @@ def parse_grpc_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec
         for name in _OTHER_CONTENTS:
             if len(getattr(c, name)):
                 raise InvalidRequest(f"inputs[0].contents.{name}: the input is FP32; send fp32_contents or raw_input_contents")
-        if len(c.fp32_contents) != b * f:
-            raise InvalidRequest(f"inputs[0].contents.fp32_contents: {len(c.fp32_contents)} values; shape [{b}, {f}] needs {b * f}")
-        x32 = np.array(c.fp32_contents[:], dtype=np.float32).reshape(b, f)
+        values = c.fp32_contents
+        if len(values) != b * f:
+            raise InvalidRequest(f"inputs[0].contents.fp32_contents: {len(values)} values; shape [{b}, {f}] needs {b * f}")
+        x32 = np.array(values[:], dtype=np.float32).reshape(b, f)
         finite = False
     outputs = req.outputs
     if outputs:
