@@ -64,9 +64,9 @@ def _service(bundle: str, setting: str):
         svc.batcher._stack = _memo(svc.batcher._stack, lambda xs: tuple(tuple(x.data) for x in xs))
     elif setting == "kernel":
         dev, handle, fast = svc.runner._live
-        svc.runner._live = (dev, handle, _memo(fast, lambda inputs: inputs["x"].tobytes()))
+        svc.runner._live = (dev, handle, _memo(fast, lambda x: x.tobytes()))
     elif setting == "encode":
-        svc._encode_json = _memo(svc._encode_json, lambda rid, shared, off, n: (rid, shared.y[off : off + n].tobytes()))
+        svc._encode = _memo(svc._encode, lambda req, shared, off, n: (req.id, req.binary_output, shared.y[off : off + n].tobytes()))
     elif setting == "batcher":
         from offload.serve.batcher import BatchOut
 
