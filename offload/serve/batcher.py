@@ -30,7 +30,7 @@ that at one connection cost more than the device call (py-spy). Leftovers beyond
 go to the batcher's task.
 
 A leader alone for long skips its pass, and then its batch is its own rows: they go to the
-device at once, with no queue entry, future or hand-off at all (``DynamicBatcher._run_alone``).
+device at once, with no queue entry, future or hand-off at all (in ``DynamicBatcher.submit``).
 The pass is a whole turn of the event loop, a poll system call included; at one connection it
 never brings company, and it was the service's one system call per request beyond the floor's
 (strace, closed loop at 1 connection: 2 epoll_pwait, 2 write,
@@ -238,8 +238,23 @@ class DynamicBatcher:
             raise QueueFull(f"queue is full ({self.max_queue_size} requests waiting)")
         lead = self._lead_ok and self._idle and not self._leading and not self._queue
         if lead and self._lonely >= _LONELY_PASSES and self._skipped < _PROBE_EVERY and len(x) <= self.max_batch_size:
+            # Alone: its batch is its own rows (the queue is empty and the device idle), so they go
+            # straight to the device, with no queue entry, future or hand-off. The same checks,
+            # metrics and errors, in the same order, as that batch had on the queue. Written here,
+            # not in a method of its own: at one connection every request comes this way, and each
+            # frame's code and data are cache lines it brings back (BENCHMARKS.md, round 16).
             self._skipped += 1
-            return self._run_alone(x, timeout)
+            if timeout <= 0:  # its one check of the deadline: it never waits, so only this can fail it
+                raise RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms")
+            rows, refused = self._stack([x])
+            if refused:
+                raise refused[0]
+            if self._metrics is not None:
+                qd, bs = self._children
+                qd.observe(0.0)  # never queued: no clock read for a wait that cannot be one
+                bs.observe(rows.shape[0])
+            y, _ = self._run_inline(rows)
+            return BatchOut(y), 0, rows.shape[0]
         loop = self._event_loop
         p = _Pending(x, loop.create_future())
         self._queue.append(p)
@@ -319,24 +334,6 @@ class DynamicBatcher:
         if not p.future.done():  # only a request larger than a batch is left waiting
             self._watch(loop, p, timeout)
         return await p.future  # done by now: its batch ran, or it timed out or was cancelled
-
-    def _run_alone(self, x: Sequence, timeout: float) -> tuple[BatchOut, int, int]:
-        """A leader that skips its pass: its batch is its own rows (the queue is empty and the
-        device idle), so they go straight to the device, with no queue entry, future or hand-off.
-        The same checks, metrics and errors, in the same order, as that batch had on the queue."""
-        t = time.perf_counter()
-        now = time.perf_counter()
-        if now >= t + timeout:  # its one check of the deadline, as after a pass
-            raise RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms")
-        rows, refused = self._stack([x])
-        if refused:
-            raise refused[0]
-        if self._metrics is not None:
-            qd, bs = self._children
-            qd.observe(now - t)
-            bs.observe(rows.shape[0])
-        y, _ = self._run_inline(rows)
-        return BatchOut(y), 0, rows.shape[0]
 
     def _expire(self, p: _Pending, timeout: float) -> None:
         if p.future.done():
