@@ -273,22 +273,18 @@ class ScoringService:
 
     def _encode(self, req: InferRequest, shared: BatchOut, off: int, n: int) -> tuple[bytes, Mapping[str, str]]:
         """The answer to ``req``: its rows ``off:off+n`` of the batch's output, as it asked."""
-        if req.binary_output:
-            model = self.model
-            return encode_infer(model.name, model.version, req, shared.y[off : off + n], model.output)
-        return self._encode_json(req.id, shared, off, n), JSON_HEADERS
-
-    def _encode_json(self, rid: str | None, shared: BatchOut, off: int, n: int) -> bytes:
         model = self.model
+        if req.binary_output:
+            return encode_infer(model.name, model.version, req, shared.y[off : off + n], model.output)
         # The batch's values are encoded once, by whichever of its requests comes first, as one
         # text a row; a request that is its whole batch (a lone one) needs no row texts.
         rows = shared.derived
         if rows is None:
             y = shared.y
             if n == y.shape[0]:
-                return encode_json(model.name, model.version, rid, y, model.output)
+                return encode_json(model.name, model.version, req.id, y, model.output), JSON_HEADERS
             rows = shared.derived = json_row_values(y)
-        return encode_json_rows(model.name, model.version, rid, rows, off, n, model.output)
+        return encode_json_rows(model.name, model.version, req.id, rows, off, n, model.output), JSON_HEADERS
 
     def _finish(self, err: ServeError, t0: float):
         status, err_type = answer(err)
@@ -327,6 +323,7 @@ def _asgi_app(svc: ScoringService, routed):
     name, v = svc.model.name, svc.model.version
     paths = frozenset({f"/v2/models/{name}/infer", f"/v2/models/{name}/versions/{v}/infer"})
     rest_of_body = svc._rest_of_body
+    model, max_batch = svc.model, svc.config.max_batch_size
 
     async def app(scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in paths:
@@ -358,7 +355,10 @@ def _asgi_app(svc: ScoringService, routed):
             # _score's steps, inline, so that the batcher's awaitable is awaited in this frame (see above).
             try:
                 try:
-                    req = svc._request(body, None if header_length is None else header_length.decode("latin-1"))
+                    # _request's steps, inline too: one frame fewer on every request.
+                    req = parse_infer(body, None if header_length is None else header_length.decode("latin-1"), model.input, model.output, max_batch, lazy_json=True)
+                    if not req.finite:
+                        svc._check_rows(req.x)
                     if not svc._started:
                         await svc._ensure_started()
                     r = svc.batcher.submit(req.x, svc._timeout_s)
