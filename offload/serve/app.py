@@ -5,6 +5,7 @@ Needs only a bundle and a device: no torch on the serving path.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -26,7 +27,7 @@ from offload.serve.batcher import BatchOut, DynamicBatcher
 from offload.serve.config import ServeConfig
 from offload.serve.errors import BodyTooLarge, InvalidRequest, ServeError, UnknownModel, answer
 from offload.serve.faults import FailoverRunner
-from offload.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
+from offload.serve.metrics import CONTENT_TYPE_LATEST, FOLD_EVERY_S, ServeMetrics
 from offload.serve.model import ServedModel, served_model
 from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, InferRequest, encode_infer, encode_json, encode_json_rows, json_row_values, parse_infer, stack_rows
 from offload.sim.errors import InputError, InputKeyError, InputTypeError
@@ -91,6 +92,7 @@ class ScoringService:
         self._ok_response = self._responses[200] = self.metrics.responses.labels(code="200")
         self.metrics.fallbacks.labels(model=self.model.name)  # exported as 0 from the start, not absent
         self._started = False
+        self._folder: asyncio.TimerHandle | None = None  # the metrics' next fold, while started
         self.draining = False  # set first thing on SIGTERM: readiness goes off before anything closes
         self._timeout_s = cfg.request_timeout_ms / 1e3
         # The second protocol's listener (offload.serve.oip_grpc.GrpcEndpoint), set by serve() when
@@ -109,6 +111,17 @@ class ScoringService:
         if not self._started:
             self._started = True
             await self.batcher.start()
+            self._fold_every(asyncio.get_running_loop())
+
+    def _fold_every(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bins the per-request histograms every FOLD_EVERY_S on the loop that observes them: their
+        observations are plain appends (metrics.py), so this bounds what they hold between scrapes."""
+
+        def fold() -> None:
+            self.metrics.fold()
+            self._folder = loop.call_later(FOLD_EVERY_S, fold)
+
+        self._folder = loop.call_later(FOLD_EVERY_S, fold)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
@@ -121,6 +134,9 @@ class ScoringService:
             if self.grpc is not None:  # answers the RPCs it has taken, while the batcher still runs
                 await self.grpc.stop(self.config.drain_timeout_s)
             await self.batcher.stop()
+            if self._folder is not None:
+                self._folder.cancel()
+                self._folder = None
             self.runner.close()
 
     def _build(self):

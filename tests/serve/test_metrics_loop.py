@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from offload.serve.metrics import _BATCH_BUCKETS, _FOLD_AT, _LATENCY_BUCKETS, LoopCounter, LoopHistogram, ServeMetrics
+from offload.serve.metrics import _BATCH_BUCKETS, _FOLD_AT, _LATENCY_BUCKETS, FOLD_EVERY_S, LoopCounter, LoopHistogram, ServeMetrics
 
 
 def _without_created(text: bytes) -> str:
@@ -47,6 +47,7 @@ def test_bulk_binning_across_folds_and_scrapes_matches_prometheus_client():
     values = [*(rng.lognormal(-8, 2, size=2 * _FOLD_AT + 123)).tolist(), *ties * 50]
     rng.shuffle(values)
     child = h.labels(model="m")
+    assert type(child.observe) is type([].append)  # the list's C method: no Python frame an observation
     i = 0
     for step in (1, 7, _FOLD_AT - 1, 3, _FOLD_AT + 5, 1, len(values)):
         chunk = values[i : i + step]
@@ -67,3 +68,35 @@ def test_wrong_labels_and_negative_increments_are_refused():
         m.request_duration.labels(modle="x")
     with pytest.raises(ValueError, match="up"):
         m.requests.labels(model="x", code="200").inc(-1)
+
+
+def test_a_started_service_bins_its_histograms_on_a_timer_until_it_stops():
+    # Observations are plain appends: only the service's timer bounds what a series holds between scrapes.
+    import asyncio
+
+    import _serve_standin as standin
+    from offload.host.bundle import load
+    from offload.serve.app import ScoringService
+    from offload.serve.config import ServeConfig
+
+    svc = ScoringService(load(standin.risk_bundle_path()), ServeConfig(device="sim"))
+    child = svc.metrics.request_duration.labels(model="risk")
+    batches = svc.metrics.batch_size.labels(model="risk")
+
+    async def go() -> None:
+        async with svc._lifespan(svc.app):
+            for _ in range(50):
+                child.observe(1e-4)
+            batches.observe(3)
+            assert len(child._vals) == 50  # held until a fold
+            await asyncio.sleep(FOLD_EVERY_S * 3)
+            assert child._vals == [] and batches._vals == []
+            assert sum(child.counts) == 50 and child.counts[1] == 50 and child.sum == pytest.approx(50e-4, rel=1e-12)
+            assert sum(batches.counts) == 1 and batches.sum == 3
+            child.observe(1e-4)
+        assert svc._folder is None
+        await asyncio.sleep(FOLD_EVERY_S * 3)
+        assert len(child._vals) == 1  # stopped: nothing folds it until a scrape
+
+    asyncio.run(go())
+    assert svc.metrics.registry.get_sample_value("offload_request_duration_seconds_count", {"model": "risk"}) == 51
