@@ -82,15 +82,15 @@ _LONELY_PASSES = 16
 _PROBE_EVERY = 8
 
 
-class BatchOut:
+class BatchOut(msgspec.Struct, gc=False, eq=False):
     """A batch's output, shared by its requests: ``y`` [rows, n_out] as ``run_batch`` gave it, and ``derived``,
-    where the requests' encoder keeps what it computes once per batch (None until one does)."""
+    where the requests' encoder keeps what it computes once per batch (None until one does).
+    A msgspec Struct, made by one C call (a class with ``__init__`` was a Python frame a batch,
+    so one a lone request). gc=False: an array and the encoder's texts hold no cycle.
+    eq=False: equal only to itself, as the plain class was."""
 
-    __slots__ = ("y", "derived")
-
-    def __init__(self, y: np.ndarray) -> None:
-        self.y = y
-        self.derived = None
+    y: np.ndarray
+    derived: object = None
 
 
 def stack_arrays(xs: list[np.ndarray]) -> tuple[np.ndarray, dict[int, Exception]]:
