@@ -6,6 +6,7 @@ and bad rows are still refused at the service's edge; metrics count every reques
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -538,9 +539,12 @@ def _common_bodies(rng: np.random.Generator) -> list[bytes]:
     return bodies
 
 
-def _parsed_or_error(body: bytes):
+def _parsed_or_error(body: bytes, general: bool = False):
+    """What parse_infer makes of ``body`` (``general``: its general parser alone, without the common-body shortcut)."""
+    import offload.serve.oip as oip
+
     try:
-        r = parse_infer(body, None, INP, OUT, 64, lazy_json=True)
+        r = oip._parse_general(body, None, INP, OUT, 64, True) if general else parse_infer(body, None, INP, OUT, 64, lazy_json=True)
     except InvalidRequest as e:
         return "error", str(e)
     try:
@@ -550,14 +554,29 @@ def _parsed_or_error(body: bytes):
     return (x.dtype.str, x.shape, x.tobytes()), r.id, r.binary_output, r.finite
 
 
-def test_the_common_body_shortcut_answers_every_body_as_the_general_parser_does(monkeypatch):
+def _taken_by_shortcut(bodies: list[bytes], monkeypatch) -> list[bool]:
+    """For each body, whether parse_infer answered it without its general parser."""
     import offload.serve.oip as oip
 
+    general, calls = oip._parse_general, []
+
+    def spy(*a):
+        calls.append(a[0])
+        return general(*a)
+
+    with monkeypatch.context() as m:
+        m.setattr(oip, "_parse_general", spy)
+        for b in bodies:
+            with contextlib.suppress(InvalidRequest):
+                parse_infer(b, None, INP, OUT, 64, lazy_json=True)
+    return [b not in calls for b in bodies]
+
+
+def test_the_common_body_shortcut_answers_every_body_as_the_general_parser_does(monkeypatch):
     bodies = _common_bodies(np.random.default_rng(15))
-    taken = [oip._common_json(b, INP, 64) is not None for b in bodies]
+    taken = _taken_by_shortcut(bodies, monkeypatch)
     fast = [_parsed_or_error(b) for b in bodies]
-    monkeypatch.setattr(oip, "_common_json", lambda body, inp, max_batch: None)
-    slow = [_parsed_or_error(b) for b in bodies]
+    slow = [_parsed_or_error(b, general=True) for b in bodies]
     assert fast == slow
     # The shortcut takes the common bodies (plain, with an id string or null, the largest batch,
     # ints in the data) and nothing else.
@@ -567,8 +586,6 @@ def test_the_common_body_shortcut_answers_every_body_as_the_general_parser_does(
 
 def test_the_shortcut_reads_every_number_text_to_the_doubles_the_general_parser_reads(monkeypatch):
     import struct
-
-    import offload.serve.oip as oip
 
     rng = np.random.default_rng(16)
     texts = []
@@ -587,9 +604,8 @@ def test_the_shortcut_reads_every_number_text_to_the_doubles_the_general_parser_
         bodies.append(('{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[' + ",".join(["0.25", *vals[1:]]) + "]}]}").encode())
         bodies.append(('{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[' + ",".join(vals) + "]}]}").encode())
     fast = [_parsed_or_error(b) for b in bodies]
-    assert sum(oip._common_json(b, INP, 64) is not None for b in bodies) > 150
-    monkeypatch.setattr(oip, "_common_json", lambda body, inp, max_batch: None)
-    assert fast == [_parsed_or_error(b) for b in bodies]
+    assert sum(_taken_by_shortcut(bodies, monkeypatch)) > 150
+    assert fast == [_parsed_or_error(b, general=True) for b in bodies]
 
 
 def test_the_sim_devices_fp32_call_is_its_run_rounded_to_fp32(bundle):
