@@ -13,7 +13,7 @@ import h2.events
 import h2.settings
 import hpack
 import pytest
-from _grpc_harness import PREFACE, SETTINGS_FRAME, H2Peer, Req, Resp, frame, goaway_code, grpc_message, header_block, in_loop, raw_connection, read_frames, request_headers, running
+from _grpc_harness import PREFACE, H2Peer, Req, Resp, frame, goaway_code, grpc_message, header_block, in_loop, raw_connection, read_frames, request_headers, running
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
