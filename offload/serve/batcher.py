@@ -47,22 +47,26 @@ service's JSON rows become FP32 here, in one go: :func:`offload.serve.oip.stack_
 gets its error, and the others their batch. Each request gets back its place in the batch's
 shared output (:class:`BatchOut`), where encoders keep what they derive once per batch.
 
-One timer for every request's timeout. Each request's deadline goes on a FIFO when it has the
-usual timeout (the first one seen; the service gives every request the same, so arrival order is
-deadline order) and on a heap otherwise; the batcher keeps a single timer armed at the earliest
-of the two heads, and requests done meanwhile are dropped from the heads as new ones come. A
-``call_later`` and its cancel per request cost uvloop ~2 us (a libuv timer started, stopped and
-closed each time), more than the rest of the batcher's work for that request. A leader needs no
-entry at all: it can only run out of time during its one pass, so
-it checks its deadline when the pass is over.
+One timer for every request's timeout, armed at the earliest deadline of the requests waiting,
+and only re-armed by a request whose deadline comes before it. When it fires, it looks at every
+request still waiting (the queue, and a batch on the device), answers those whose deadline has
+come, and arms itself for the earliest of the rest. A request thus costs the timer one comparison:
+the service gives every request the same timeout, so a later request never has an earlier
+deadline, and the timer fires about once per timeout, whatever the load. A ``call_later`` and its
+cancel per request cost uvloop ~2 us (a libuv timer started, stopped and closed each time), more
+than the rest of the batcher's work for that request; the FIFO of deadlines that replaced those
+(with a heap for other timeouts) was still ~60 bytecodes a request at 64 connections (round 18).
+A leader needs no timer: it can only run out of time during its one pass, so it checks its
+deadline when the pass is over. The price is a scan of the waiting requests (at most
+``max_queue_size``) each time the timer fires: once per timeout with one timeout for all, as the
+service gives (gRPC deadlines cancel the request's task instead); with many different timeouts,
+at most once per timer tick.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import heapq
-import itertools
 import time
 from typing import Awaitable, Callable, Sequence
 
@@ -101,17 +105,17 @@ def stack_arrays(xs: list[np.ndarray]) -> tuple[np.ndarray, dict[int, Exception]
 
 
 class _Pending(msgspec.Struct, eq=False):
-    """One queued request: its rows, their count, its future, when it was queued, and whether a
-    batch has taken it. A msgspec Struct: made by one C call, where a class with ``__init__`` is a
-    Python frame a request (and a dataclass with a default_factory cost ~1 us more, py-spy).
-    Collected by the GC as usual: its future's callbacks reach the task that holds it. eq=False:
-    requests are equal only to themselves (the queue's ``remove`` compares; rows are arrays)."""
+    """One queued request: its rows, their count, its future, when it was queued and how long it
+    may wait. A msgspec Struct: made by one C call, where a class with ``__init__`` is a Python
+    frame a request (and a dataclass with a default_factory cost ~1 us more, py-spy). Collected
+    by the GC as usual: its future's callbacks reach the task that holds it. eq=False: requests
+    are equal only to themselves (the queue's ``remove`` compares; rows are arrays)."""
 
     x: Sequence
     n: int
     future: asyncio.Future
     enqueued: float
-    taken: bool = False
+    timeout: float
 
 
 class DynamicBatcher:
@@ -156,15 +160,9 @@ class DynamicBatcher:
             # Read when scraped, instead of set after every batch (a lock per set).
             metrics.queue_depth.labels(model=model).set_function(lambda: len(self._queue))
         self._queue: collections.deque[_Pending] = collections.deque()
-        # (deadline, arrival number, request, timeout) of requests that may still time out: the
-        # earliest on top, answered ones dropped lazily (see the module doc).
-        self._deadlines: list[tuple[float, int, _Pending, float]] = []
-        # Requests with the usual timeout (the first one seen: the service gives every request
-        # the same) in arrival order, which is their deadlines' order too: a deque append instead
-        # of a heap push per request. Other timeouts go on the heap.
-        self._usual: float | None = None
-        self._fifo: collections.deque[_Pending] = collections.deque()
-        self._arrivals = itertools.count()
+        # The batch the batcher's task has on the device: waiting too, so the timer looks at it.
+        self._running: list[_Pending] = []
+        # The one timeout timer (see the module doc) and the deadline it is armed for.
         self._expiry: asyncio.TimerHandle | None = None
         self._expiry_at = float("inf")
         self._rows = 0
@@ -203,8 +201,6 @@ class DynamicBatcher:
                 if not p.future.done():
                     p.future.set_exception(ShuttingDown("service is shutting down"))
             self._queue.clear()
-            self._deadlines.clear()
-            self._fifo.clear()
             if self._expiry is not None:
                 self._expiry.cancel()
                 self._expiry = None
@@ -257,56 +253,44 @@ class DynamicBatcher:
             y, _ = self._run_inline(rows)
             return BatchOut(y), 0, rows.shape[0]
         loop = self._event_loop
-        p = _Pending(x, len(x), loop.create_future(), time.perf_counter())
+        t = time.perf_counter()
+        p = _Pending(x, len(x), loop.create_future(), t, timeout)
         self._queue.append(p)
         self._rows += p.n
         if lead:
             return self._lead(loop, p, timeout)
         if not self._leading and (self._rows >= self.max_batch_size or len(self._queue) == 1):
             self._wakeup.set()
-        self._watch(loop, p, timeout)
+        if t + timeout < self._expiry_at:  # rarely: a later request has a later deadline
+            self._arm(loop, t + timeout, timeout)
         return p.future
 
-    def _watch(self, loop: asyncio.AbstractEventLoop, p: _Pending, timeout: float) -> None:
-        """Puts ``p``'s deadline on the FIFO (the usual timeout) or the heap; re-arms the one timer
-        only for an earlier deadline."""
-        deadline = p.enqueued + timeout
-        fifo = self._fifo
-        if timeout == self._usual and (not fifo or fifo[-1].enqueued <= p.enqueued):  # (a leader's comes late)
-            while fifo and fifo[0].future.done():
-                fifo.popleft()
-            fifo.append(p)
-        elif self._usual is None:
-            self._usual = timeout
-            fifo.append(p)
-        else:
-            heap = self._deadlines
-            while heap and heap[0][2].future.done():
-                heapq.heappop(heap)
-            heapq.heappush(heap, (deadline, next(self._arrivals), p, timeout))
-        if deadline < self._expiry_at:
-            if self._expiry is not None:
-                self._expiry.cancel()
-            self._expiry_at = deadline
-            self._expiry = loop.call_later(timeout, self._expire_due, loop)
+    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float, delay: float) -> None:
+        """The timer, (re-)armed for ``deadline``, ``delay`` seconds from now."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry_at = deadline
+        self._expiry = loop.call_later(delay, self._expire_due, loop)
 
     def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The timer: every request whose deadline has come gets its timeout, then the timer is
-        armed for the next one. A deadline less than a timer tick away counts as come: the
-        loop's timers fire on whole ticks, so the per-request timers this replaces did the same."""
+        """The timer: every waiting request whose deadline has come gets its timeout, then the
+        timer is armed for the earliest of the rest. A deadline less than a timer tick away
+        counts as come: the loop's timers fire on whole ticks, so the per-request timers this
+        replaces did the same."""
         self._expiry = None
         self._expiry_at = float("inf")
-        heap, fifo, usual = self._deadlines, self._fifo, self._usual
         due = time.perf_counter() + _TIMER_TICK_S
-        while fifo and (fifo[0].future.done() or fifo[0].enqueued + usual <= due):
-            self._expire(fifo.popleft(), usual)
-        while heap and (heap[0][2].future.done() or heap[0][0] <= due):
-            _, _, p, timeout = heapq.heappop(heap)
-            self._expire(p, timeout)
-        nxt = min(fifo[0].enqueued + usual if fifo else float("inf"), heap[0][0] if heap else float("inf"))
+        queue = self._queue
+        for p in self._running:  # first: they came before anything queued
+            if p.enqueued + p.timeout <= due:
+                _time_out(p)
+        for p in [p for p in queue if p.enqueued + p.timeout <= due]:  # out of the queue: the device never computes them
+            queue.remove(p)
+            self._rows -= p.n
+            _time_out(p)
+        nxt = min((p.enqueued + p.timeout for w in (queue, self._running) for p in w if not p.future.done()), default=float("inf"))
         if nxt != float("inf"):
-            self._expiry_at = nxt
-            self._expiry = loop.call_later(max(nxt - time.perf_counter(), 0.0), self._expire_due, loop)
+            self._arm(loop, nxt, max(nxt - time.perf_counter(), 0.0))
 
     async def _lead(self, loop: asyncio.AbstractEventLoop, p: _Pending, timeout: float) -> tuple[BatchOut, int, int]:
         """The batcher's work for the batch ``p`` opens, done in ``p``'s own task (see the module)."""
@@ -323,8 +307,11 @@ class DynamicBatcher:
                 raise
             finally:
                 # Its only wait is over: past its deadline now, it leaves the queue untouched.
-                if time.perf_counter() >= p.enqueued + timeout:
-                    self._expire(p, timeout)
+                if time.perf_counter() >= p.enqueued + timeout and not p.future.done():
+                    if p in self._queue:  # (the batcher's task, woken by stop(), may have taken it)
+                        self._queue.remove(p)
+                        self._rows -= p.n
+                    _time_out(p)
                 batch = self._take()
                 if batch:
                     self._run_now(batch)
@@ -332,17 +319,9 @@ class DynamicBatcher:
             self._leading = False
             if self._queue:  # what did not fit goes to the batcher's task
                 self._wakeup.set()
-        if not p.future.done():  # only a request larger than a batch is left waiting
-            self._watch(loop, p, timeout)
+        if not p.future.done() and p.enqueued + timeout < self._expiry_at:  # only a request larger than a batch is left waiting
+            self._arm(loop, p.enqueued + timeout, max(p.enqueued + timeout - time.perf_counter(), 0.0))
         return await p.future  # done by now: its batch ran, or it timed out or was cancelled
-
-    def _expire(self, p: _Pending, timeout: float) -> None:
-        if p.future.done():
-            return
-        if not p.taken:  # still queued: take it out so the device never computes it
-            self._queue.remove(p)
-            self._rows -= p.n
-        p.future.set_exception(RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms"))
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -389,9 +368,14 @@ class DynamicBatcher:
             timer.cancel()
 
     def _take(self) -> list[_Pending]:
-        # Locals and one update of _rows at the end: the loop runs once per request at 64
-        # connections (nothing here suspends, so no one sees _rows in between).
         queue, limit = self._queue, self.max_batch_size
+        if self._rows <= limit:  # all of it: the usual case, one comprehension
+            batch = [p for p in queue if not p.future.done()]  # (cancelled while queued)
+            queue.clear()
+            self._rows = 0
+            return batch
+        # Locals and one update of _rows at the end (nothing here suspends, so no one sees _rows
+        # in between).
         batch: list[_Pending] = []
         rows = popped = 0
         while queue and rows + queue[0].n <= limit:
@@ -399,7 +383,6 @@ class DynamicBatcher:
             popped += p.n
             if p.future.done():  # timed out or cancelled while queued
                 continue
-            p.taken = True
             batch.append(p)
             rows += p.n
         self._rows -= popped
@@ -436,6 +419,7 @@ class DynamicBatcher:
         x, batch = self._rows_of(batch)
         if not batch:
             return
+        self._running = batch
         try:
             y, _ = await self._run_batch(x)
             # Let the requests that arrived meanwhile be read and queued before the next batch is
@@ -448,6 +432,8 @@ class DynamicBatcher:
         except Exception as e:
             self._fail(batch, e)
             return
+        finally:
+            self._running = []
         self._deliver(batch, y)
 
     @staticmethod
@@ -465,3 +451,8 @@ class DynamicBatcher:
             if not p.future.done():
                 p.future.set_result((out, off, p.n))
             off += p.n
+
+
+def _time_out(p: _Pending) -> None:
+    if not p.future.done():
+        p.future.set_exception(RequestTimeout(f"no answer within {p.timeout * 1e3:.0f} ms"))

@@ -153,34 +153,49 @@ def test_the_queue_depth_is_read_when_scraped():
     assert asyncio.run(go()) == (3.0, 0.0)
 
 
-def test_usual_timeouts_ride_the_fifo_and_a_shorter_one_on_the_heap_fires_first():
+def test_later_deadlines_leave_the_timer_alone_and_an_earlier_one_rearms_it_and_fires_first():
     async def go():
+        loop = asyncio.get_running_loop()
         dev = Held()
         b = DynamicBatcher(dev, max_batch_size=64, max_queue_delay_s=0.0, max_queue_size=100)
+        arms: list[float] = []
+        real = loop.call_later
+
+        def spy(delay, cb, *args, **kw):
+            if cb == b._expire_due:
+                arms.append(delay)
+            return real(delay, cb, *args, **kw)
+
         await b.start()
-        busy = asyncio.ensure_future(b.infer(_row(0), 2.0))  # the first timeout seen: the usual one
-        await dev.started.wait()
-        usual = [asyncio.ensure_future(b.infer(_row(i), 2.0)) for i in (1, 2)]
-        hasty = asyncio.ensure_future(b.infer(_row(3), 0.02))
-        order: list[str] = []
-        for f, name in ((busy, "busy"), (usual[0], "u1"), (usual[1], "u2"), (hasty, "hasty")):
-            f.add_done_callback(lambda _, n=name: order.append(n))
-        with pytest.raises(RequestTimeout, match="20 ms"):
-            await asyncio.wait_for(hasty, GUARD)
-        depth_after_hasty = b.depth
-        fifo, heap = len(b._fifo), len(b._deadlines)
-        for f in [busy, *usual]:  # each at its own deadline, from the FIFO
-            with pytest.raises(RequestTimeout, match="2000 ms"):
-                await asyncio.wait_for(f, GUARD)
-        depth = b.depth
+        loop.call_later = spy
+        try:
+            busy = asyncio.ensure_future(b.infer(_row(0), 2.0))  # on the device, held: the timer looks there too
+            await dev.started.wait()
+            usual = [asyncio.ensure_future(b.infer(_row(i), 2.0)) for i in (1, 2)]
+            hasty = asyncio.ensure_future(b.infer(_row(3), 0.02))
+            order: list[str] = []
+            for f, name in ((busy, "busy"), (usual[0], "u1"), (usual[1], "u2"), (hasty, "hasty")):
+                f.add_done_callback(lambda _, n=name: order.append(n))
+            with pytest.raises(RequestTimeout, match="20 ms"):
+                await asyncio.wait_for(hasty, GUARD)
+            depth_after_hasty = b.depth
+            arms_after_hasty = list(arms)
+            for f in [busy, *usual]:  # each at its own deadline
+                with pytest.raises(RequestTimeout, match="2000 ms"):
+                    await asyncio.wait_for(f, GUARD)
+            depth = b.depth
+        finally:
+            del loop.call_later
         dev.gate.set()
         await b.stop()
-        return order, depth_after_hasty, depth, fifo, heap, dev
+        return order, depth_after_hasty, depth, arms_after_hasty, arms, dev
 
-    order, depth_after_hasty, depth, fifo, heap, dev = asyncio.run(go())
+    order, depth_after_hasty, depth, arms_after_hasty, arms, dev = asyncio.run(go())
     assert order == ["hasty", "busy", "u1", "u2"]
     assert (depth_after_hasty, depth) == (2, 0)
-    assert fifo == 3 and heap <= 1  # busy and both usual ones on the FIFO; hasty's heap entry
+    # Armed by busy (u1 and u2 come later: untouched), re-armed by hasty, then for busy's remainder.
+    assert arms_after_hasty[:2] == [2.0, 0.02] and len(arms_after_hasty) == 3 and 1.9 < arms_after_hasty[2] < 2.0
+    assert len(arms) <= 5  # then at most once more for each of u1 and u2 (not within a tick of busy's)
     assert [r[0] for r in np.concatenate(dev.batches)[:, :1]] == [0.0]  # the timed-out ones never ran
 
 
