@@ -29,7 +29,7 @@ from offload.serve.errors import BodyTooLarge, InvalidRequest, ServeError, Unkno
 from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import CONTENT_TYPE_LATEST, FOLD_EVERY_S, ServeMetrics
 from offload.serve.model import ServedModel, served_model
-from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, InferRequest, encode_infer, encode_json, encode_json_rows, json_row_values, parse_infer, stack_rows
+from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, InferRequest, encode_infer, encode_json, encode_json_rows, json_row_values, json_single_answers, parse_infer, stack_rows
 from offload.sim.errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["create_app", "ScoringService"]
@@ -293,14 +293,20 @@ class ScoringService:
         if req.binary_output:
             return encode_infer(model.name, model.version, req, shared.y[off : off + n], model.output)
         # The batch's values are encoded once, by whichever of its requests comes first, as one
-        # text a row; a request that is its whole batch (a lone one) needs no row texts.
-        rows = shared.derived
-        if rows is None:
+        # text a row; a request that is its whole batch (a lone one) needs no row texts. The
+        # id-less single-row answers, the usual ones, are made together at the first one's turn.
+        texts = shared.derived  # [row texts, single-row answers or None]
+        if texts is None:
             y = shared.y
             if n == y.shape[0]:
                 return encode_json(model.name, model.version, req.id, y, model.output), JSON_HEADERS
-            rows = shared.derived = json_row_values(y)
-        return encode_json_rows(model.name, model.version, req.id, rows, off, n, model.output), JSON_HEADERS
+            texts = shared.derived = [json_row_values(y), None]
+        if n == 1 and req.id is None:
+            ones = texts[1]
+            if ones is None:
+                ones = texts[1] = json_single_answers(model.name, model.version, texts[0], model.output)
+            return ones[off], JSON_HEADERS
+        return encode_json_rows(model.name, model.version, req.id, texts[0], off, n, model.output), JSON_HEADERS
 
     def _finish(self, err: ServeError, t0: float):
         status, err_type = answer(err)

@@ -21,7 +21,7 @@ from offload.serve.errors import InvalidRequest, RequestError
 
 __all__ = [
     "OipError", "TensorSpec", "InferRequest", "JsonRows", "parse_infer", "stack_rows", "encode_infer", "encode_json",
-    "json_row_values", "encode_json_rows", "check_shape", "as_fp32", "fp32_finite", "HEADER_LENGTH", "JSON_HEADERS",
+    "json_row_values", "json_single_answers", "encode_json_rows", "check_shape", "as_fp32", "fp32_finite", "HEADER_LENGTH", "JSON_HEADERS",
 ]
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -435,6 +435,16 @@ def as_fp32(y: np.ndarray) -> np.ndarray:
     device's outputs are; a NumPy call costs microseconds when its code has left the caches, as
     at one connection), else converted. The runner's outputs pass through it, and every encoder's."""
     return y if y.dtype.char == "f" and y.flags.c_contiguous else np.ascontiguousarray(y, dtype=np.float32)
+
+
+def json_single_answers(model: str, version: str, rows: list[bytes], out: TensorSpec) -> list[bytes]:
+    """The id-less answer to each row alone, for a whole batch in one pass: item ``i`` is
+    ``encode_json_rows(model, version, None, rows, i, 1, out)``, byte for byte. A batch of
+    single-row requests (a scoring service's usual one) then costs each of them an index, where
+    encoding its own answer was a call and ~40 bytecodes (round 18)."""
+    pre = (_JSON_HEADS.get((model, version, out.name, (1, out.width))) or _json_head(model, version, out, (1, out.width))) + b"["
+    post = b"]" + _NO_ID_TAIL
+    return [pre + r + post for r in rows]
 
 
 def encode_json_rows(model: str, version: str, rid: str | None, rows: list[bytes], off: int, n: int, out: TensorSpec) -> bytes:

@@ -23,7 +23,7 @@ from offload.serve.config import ServeConfig
 from offload.serve.errors import InvalidRequest
 from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import ServeMetrics
-from offload.serve.oip import InferRequest, JsonRows, TensorSpec, encode_infer, encode_json, encode_json_rows, fp32_finite, json_row_values, parse_infer, stack_rows
+from offload.serve.oip import InferRequest, JsonRows, TensorSpec, encode_infer, encode_json, encode_json_rows, fp32_finite, json_row_values, json_single_answers, parse_infer, stack_rows
 
 FP32_MAX = float(np.finfo(np.float32).max)
 INP, OUT = TensorSpec("x", 4), TensorSpec("y", 1)
@@ -453,6 +453,8 @@ def test_json_answers_from_a_batchs_row_texts_are_the_encoders_bytes():
                     want = encode_json("risk", "1", rid, y[off : off + k], out)
                     assert encode_json_rows("risk", "1", rid, rows, off, k, out) == want
                 off += k
+            ones = json_single_answers("risk", "1", rows, out)
+            assert ones == [encode_json("risk", "1", None, y[i : i + 1], out) for i in range(n)]
 
 
 def test_a_request_refused_in_its_batch_leaves_the_others_their_answers(bundle):
@@ -485,6 +487,49 @@ def test_a_request_refused_in_its_batch_leaves_the_others_their_answers(bundle):
     # refused request's row never reached the device.
     assert 'offload_batch_size_count{model="risk"} 1.0' in text
     assert f'offload_batch_size_sum{{model="risk"}} {float(sum(len(x) for x in xs))}' in text
+
+
+def test_every_answer_in_a_mixed_batch_is_the_bytes_its_rows_alone_get(bundle):
+    # Single-row answers without an id come from the batch's one list of them; rows with an id,
+    # several rows, and a request alone take the encoder: all must be the same bytes.
+    svc = ScoringService(bundle, ServeConfig(device="sim"))
+    rng = np.random.default_rng(18)
+    kinds = [(1, None), (1, None), (2, None), (1, "a"), (1, None), (3, "b"), (1, None)]
+    xs = [rng.normal(size=(n, 16)).astype(np.float32) for n, _ in kinds]
+    bodies = []
+    for x, (_, rid) in zip(xs, kinds):
+        req = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+        bodies.append(orjson.dumps(req if rid is None else {**req, "id": rid}))
+
+    async def post(body):
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(msg):
+            sent.append(msg)
+
+        await svc.app({"type": "http", "method": "POST", "path": "/v2/models/risk/infer", "headers": []}, receive, send)
+        return sent[1]["body"]
+
+    async def go():
+        await svc._ensure_started()
+        try:
+            together = await asyncio.gather(*(post(b) for b in bodies))
+            alone = [await post(b) for b in bodies]
+            return together, alone
+        finally:
+            await svc.batcher.stop()
+
+    together, alone = asyncio.run(go())
+    text = svc.metrics.render().decode()
+    assert f'offload_batch_size_count{{model="risk"}} {1.0 + len(bodies)}' in text  # one batch, then each alone
+    dev = SimDevice()
+    h = dev.load(next(iter(bundle.kernels.values())))
+    for x, (_, rid), a, b in zip(xs, kinds, together, alone):
+        want = encode_json("risk", "1", rid, dev.run(h, {"x": x.astype(np.float64)})["y"].astype(np.float32), OUT)
+        assert a == want and b == want
 
 
 def _common_bodies(rng: np.random.Generator) -> list[bytes]:
