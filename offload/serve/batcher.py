@@ -262,15 +262,15 @@ class DynamicBatcher:
         if not self._leading and (self._rows >= self.max_batch_size or len(self._queue) == 1):
             self._wakeup.set()
         if t + timeout < self._expiry_at:  # rarely: a later request has a later deadline
-            self._arm(loop, t + timeout, timeout)
+            self._arm(loop, t + timeout)
         return p.future
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float, delay: float) -> None:
-        """The timer, (re-)armed for ``deadline``, ``delay`` seconds from now."""
+    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """The timer, (re-)armed for ``deadline``."""
         if self._expiry is not None:
             self._expiry.cancel()
         self._expiry_at = deadline
-        self._expiry = loop.call_later(delay, self._expire_due, loop)
+        self._expiry = loop.call_later(max(deadline - time.perf_counter(), 0.0), self._expire_due, loop)
 
     def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
         """The timer: every waiting request whose deadline has come gets its timeout, then the
@@ -284,13 +284,18 @@ class DynamicBatcher:
         for p in self._running:  # first: they came before anything queued
             if p.enqueued + p.timeout <= due:
                 _time_out(p)
-        for p in [p for p in queue if p.enqueued + p.timeout <= due]:  # out of the queue: the device never computes them
-            queue.remove(p)
-            self._rows -= p.n
-            _time_out(p)
+        for p in [p for p in queue if p.enqueued + p.timeout <= due]:
+            self._time_out_queued(p)
         nxt = min((p.enqueued + p.timeout for w in (queue, self._running) for p in w if not p.future.done()), default=float("inf"))
         if nxt != float("inf"):
-            self._arm(loop, nxt, max(nxt - time.perf_counter(), 0.0))
+            self._arm(loop, nxt)
+
+    def _time_out_queued(self, p: _Pending) -> None:
+        """``p``'s timeout, and out of the queue while it is still there: the device never computes it."""
+        if p in self._queue:
+            self._queue.remove(p)
+            self._rows -= p.n
+        _time_out(p)
 
     async def _lead(self, loop: asyncio.AbstractEventLoop, p: _Pending, timeout: float) -> tuple[BatchOut, int, int]:
         """The batcher's work for the batch ``p`` opens, done in ``p``'s own task (see the module)."""
@@ -307,11 +312,9 @@ class DynamicBatcher:
                 raise
             finally:
                 # Its only wait is over: past its deadline now, it leaves the queue untouched.
+                # (The batcher's task, woken by stop(), may have taken it meanwhile.)
                 if time.perf_counter() >= p.enqueued + timeout and not p.future.done():
-                    if p in self._queue:  # (the batcher's task, woken by stop(), may have taken it)
-                        self._queue.remove(p)
-                        self._rows -= p.n
-                    _time_out(p)
+                    self._time_out_queued(p)
                 batch = self._take()
                 if batch:
                     self._run_now(batch)
@@ -320,7 +323,7 @@ class DynamicBatcher:
             if self._queue:  # what did not fit goes to the batcher's task
                 self._wakeup.set()
         if not p.future.done() and p.enqueued + timeout < self._expiry_at:  # only a request larger than a batch is left waiting
-            self._arm(loop, p.enqueued + timeout, max(p.enqueued + timeout - time.perf_counter(), 0.0))
+            self._arm(loop, p.enqueued + timeout)
         return await p.future  # done by now: its batch ran, or it timed out or was cancelled
 
     async def _loop(self) -> None:

@@ -24,11 +24,10 @@ async def _score(delay_s: float, n_requests: int) -> tuple[list[float], list[int
     real = loop.call_later
 
     def spy(delay, cb, *args, **kw):
-        if delay != REQUEST_TIMEOUT:
+        if cb != b._expire_due:  # the requests' timeout timer
             armed.append(delay)
         return real(delay, cb, *args, **kw)
 
-    loop.call_later = spy
     sizes: list[int] = []
 
     async def run_batch(x):
@@ -36,6 +35,7 @@ async def _score(delay_s: float, n_requests: int) -> tuple[list[float], list[int
         return x[:, :1] + 1.0, "test"
 
     b = DynamicBatcher(run_batch, max_batch_size=64, max_queue_delay_s=delay_s, max_queue_size=100)
+    loop.call_later = spy
     await b.start()
     try:
         ys = await asyncio.gather(*(b.infer(np.full((1, 2), float(i)), timeout=REQUEST_TIMEOUT) for i in range(n_requests)))
