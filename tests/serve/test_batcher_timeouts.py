@@ -252,3 +252,86 @@ def test_a_leader_that_skips_its_pass_runs_its_rows_alone_without_a_future(monke
     rows = m.registry.get_sample_value("offload_batch_size_sum", {"model": "m"})
     waits = m.registry.get_sample_value("offload_queue_duration_seconds_count", {"model": "m"})
     assert rows == _LONELY_PASSES + 3 and waits == _LONELY_PASSES + 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_timeouts_cancels_and_slow_batches_leave_every_request_answered_once_and_the_batcher_clean(seed):
+    # The one timer against the cases it must keep apart: deadlines out of arrival order, requests
+    # cancelled while queued, batches still on the device when their requests' deadlines come.
+    # Every request ends exactly one way, none before its deadline's tick; none that a run of the
+    # timer found past its deadline reaches the device later; after every run the timer is armed,
+    # no later than the earliest deadline, exactly while something waits; the queue's row count
+    # ends at 0. (Times are the loop's own: a stalled machine moves them all together.)
+    rng = np.random.default_rng(seed)
+    tick = batcher_module._TIMER_TICK_S
+    computed: dict[int, float] = {}
+
+    async def run_batch(x):
+        now = asyncio.get_running_loop().time()
+        computed.update((int(v), now) for v in x[:, 0])
+        await asyncio.sleep(float(rng.choice([0.0, 0.005, 0.03])))
+        return x[:, :1] + 1.0, "slow"
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        b = DynamicBatcher(run_batch, max_batch_size=8, max_queue_delay_s=0.0, max_queue_size=1000)
+        real_expire = b._expire_due
+
+        def expire_due(loop_):  # the timer's callback, as _arm finds it on the instance
+            runs.append(loop.time())
+            real_expire(loop_)
+            waiting = [p.enqueued + p.timeout for w in (b._queue, b._running) for p in w if not p.future.done()]
+            armed_ok.append((b._expiry is not None) == bool(waiting) and (not waiting or b._expiry_at <= min(waiting)))
+
+        runs: list[float] = []
+        armed_ok: list[bool] = []
+        b._expire_due = expire_due
+        await b.start()
+        reqs = []
+        start: dict[int, float] = {}
+        done_at: dict[int, float] = {}
+
+        async def timed(i, timeout):
+            start[i] = loop.time()  # in the step that queues it: a stalled loop starts it late
+            return await b.infer(_row(float(i)), timeout)
+
+        for i in range(120):
+            timeout = float(rng.choice([0.01, 0.02, 0.05, 0.2]))
+            fut = asyncio.ensure_future(timed(i, timeout))
+            fut.add_done_callback(lambda _, i=i: done_at.__setitem__(i, loop.time()))
+            reqs.append((i, timeout, fut))
+            if rng.random() < 0.1:
+                loop.call_later(float(rng.choice([0.0, 0.002])), fut.cancel)
+            if rng.random() < 0.3:
+                await asyncio.sleep(float(rng.choice([0.0, 0.001, 0.004])))
+        ends = []
+        for i, timeout, fut in reqs:
+            try:
+                y = await asyncio.wait_for(asyncio.shield(fut), GUARD)
+                ends.append(("ok", i, y.tolist()))
+            except RequestTimeout:
+                ends.append(("timeout", i, done_at[i] - start[i] >= timeout - 2 * tick))
+            except asyncio.CancelledError:
+                ends.append(("cancelled", i, None))
+        await asyncio.sleep(0.25)  # past every deadline: the timer finds nothing and stays off
+        state = (b.depth, b._rows, b._expiry, b._running)
+        await b.stop()
+        deadlines = {i: start[i] + timeout for i, timeout, _ in reqs if i in start}  # (one cancelled before its start has none)
+        return ends, state, deadlines, runs, armed_ok
+
+    ends, (depth, rows, expiry, running), deadlines, runs, armed_ok = asyncio.run(go())
+    assert len(ends) == 120
+    kinds = {k for k, _, _ in ends}
+    assert "ok" in kinds and "timeout" in kinds  # the mix exercised both ends
+    for kind, i, v in ends:
+        if kind == "ok":
+            assert v == [[i + 1.0]]
+        elif kind == "timeout":
+            assert v, f"request {i} timed out before its deadline"
+    assert (depth, rows, expiry, running) == (0, 0, None, [])
+    answered = {i for kind, i, _ in ends if kind == "ok"}
+    assert answered <= set(computed)  # every answer was computed
+    late = {i for i, c in computed.items() if any(deadlines[i] <= r - 1e-4 and r <= c for r in runs)}
+    assert not late, f"found past their deadlines by the timer, then computed: {sorted(late)}"
+    assert len(computed) < 120  # some timed out in the queue, never computed
+    assert len(runs) > 1 and all(armed_ok)
