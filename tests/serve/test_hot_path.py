@@ -200,6 +200,11 @@ def test_close_while_a_reopen_finishes_closes_the_fresh_device_and_returns(bundl
 
 
 async def _post(svc, body: bytes, headers=()) -> tuple[int, dict]:
+    status, raw = await _post_raw(svc, body, headers)
+    return status, orjson.loads(raw)
+
+
+async def _post_raw(svc, body: bytes, headers=()) -> tuple[int, bytes]:
     sent: list[dict] = []
 
     async def receive():
@@ -210,7 +215,7 @@ async def _post(svc, body: bytes, headers=()) -> tuple[int, dict]:
 
     scope = {"type": "http", "method": "POST", "path": "/v2/models/risk/infer", "headers": [(b"content-length", str(len(body)).encode()), *headers]}
     await svc.app(scope, receive, send)
-    return sent[0]["status"], orjson.loads(sent[1]["body"])
+    return sent[0]["status"], sent[1]["body"]
 
 
 def test_bad_rows_are_still_refused_at_the_edge_and_metrics_count_every_request(bundle):
@@ -501,23 +506,11 @@ def test_every_answer_in_a_mixed_batch_is_the_bytes_its_rows_alone_get(bundle):
         req = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
         bodies.append(orjson.dumps(req if rid is None else {**req, "id": rid}))
 
-    async def post(body):
-        sent = []
-
-        async def receive():
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def send(msg):
-            sent.append(msg)
-
-        await svc.app({"type": "http", "method": "POST", "path": "/v2/models/risk/infer", "headers": []}, receive, send)
-        return sent[1]["body"]
-
     async def go():
         await svc._ensure_started()
         try:
-            together = await asyncio.gather(*(post(b) for b in bodies))
-            alone = [await post(b) for b in bodies]
+            together = await asyncio.gather(*(_post_raw(svc, b) for b in bodies))
+            alone = [await _post_raw(svc, b) for b in bodies]
             return together, alone
         finally:
             await svc.batcher.stop()
@@ -529,7 +522,7 @@ def test_every_answer_in_a_mixed_batch_is_the_bytes_its_rows_alone_get(bundle):
     h = dev.load(next(iter(bundle.kernels.values())))
     for x, (_, rid), a, b in zip(xs, kinds, together, alone):
         want = encode_json("risk", "1", rid, dev.run(h, {"x": x.astype(np.float64)})["y"].astype(np.float32), OUT)
-        assert a == want and b == want
+        assert a == (200, want) and b == (200, want)
 
 
 def _common_bodies(rng: np.random.Generator) -> list[bytes]:
