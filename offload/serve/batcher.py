@@ -292,8 +292,11 @@ class DynamicBatcher:
 
     def _time_out_queued(self, p: _Pending) -> None:
         """``p``'s timeout, and out of the queue while it is still there: the device never computes it."""
-        if p in self._queue:
-            self._queue.remove(p)
+        try:
+            self._queue.remove(p)  # one scan: expired requests are the oldest, near the head
+        except ValueError:  # no longer queued: taken meanwhile
+            pass
+        else:
             self._rows -= p.n
         _time_out(p)
 
