@@ -811,3 +811,61 @@ def test_an_rpc_waiting_on_its_batch_suspends_in_one_frame_of_the_service(bundle
     dev = SimDevice()
     want = dev.run(dev.load(next(iter(bundle.kernels.values()))), {"x": x.astype(np.float64)})["y"].astype(np.float32)
     assert resp.raw_output_contents[0] == want.tobytes() and list(resp.outputs[0].shape) == [1, 1]
+
+
+def test_lone_single_row_answers_are_the_encoders_bytes_each_encoded_once(bundle, monkeypatch):
+    # A lone id-less one-row JSON request takes its answer from the service's memo, keyed by the
+    # output row's bytes: the encoder runs once per different output, and every answer, memoized
+    # or not, is the encoder's bytes for that request's own output.
+    import offload.serve.app as app_mod
+
+    calls = []
+
+    def counting(*a):
+        calls.append(a[3].tobytes())
+        return encode_json(*a)
+
+    monkeypatch.setattr(app_mod, "encode_json", counting)
+    svc = ScoringService(bundle, ServeConfig(device="sim"))
+    assert svc.model.output_rows == 2 ** 9  # the risk score: ap_ufixed<9,0>
+    rng = np.random.default_rng(19)
+    xs = rng.normal(size=(150, 1, 16)).astype(np.float32) * 3
+    xs = np.concatenate([xs, xs[::3]])  # repeated rows: the same outputs again
+    dev = SimDevice()
+    h = dev.load(next(iter(bundle.kernels.values())))
+    wants = [dev.run(h, {"x": x.astype(np.float64)})["y"].astype(np.float32) for x in xs]
+
+    async def go(service):
+        await service._ensure_started()
+        try:
+            return [await _post_raw(service, orjson.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})) for x in xs]
+        finally:
+            await service.batcher.stop()
+
+    got = asyncio.run(go(svc))
+    for (status, body), y in zip(got, wants):
+        assert (status, body) == (200, encode_json("risk", "1", None, y, OUT))
+    distinct = {y.tobytes() for y in wants}
+    assert 1 < len(distinct) < len(xs)  # the case has both misses and hits
+    assert sorted(calls) == sorted(distinct) and len(svc._answers) == len(distinct)
+
+    # A model with more output rows than the bound gets no memo; one that fills it stops keeping
+    # answers at the bound. Both still answer every request with the encoder's bytes.
+    for bound, memo in ((2**9 - 1, None), (2**9, 3)):
+        calls.clear()
+        monkeypatch.setattr(app_mod, "_ANSWERS_MAX", bound)
+        svc = ScoringService(bundle, ServeConfig(device="sim"))
+        assert (svc._answers is None) == (memo is None)
+        if memo is not None:
+            monkeypatch.setattr(app_mod, "_ANSWERS_MAX", memo)
+        got = asyncio.run(go(svc))
+        for (status, body), y in zip(got, wants):
+            assert (status, body) == (200, encode_json("risk", "1", None, y, OUT))
+        kept: list[bytes] = []  # what the memo must hold: the first `memo` different outputs
+        misses = 0
+        for w in wants:
+            if w.tobytes() not in kept:
+                misses += 1
+                if memo is not None and len(kept) < memo:
+                    kept.append(w.tobytes())
+        assert len(calls) == misses and (memo is None or sorted(svc._answers) == sorted(kept))
