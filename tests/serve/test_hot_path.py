@@ -50,6 +50,8 @@ def test_the_one_reduction_range_check_refuses_exactly_the_values_beyond_fp32():
         "just below minus": [0.0, 0.0, -above, 1.0],
         "huge": [1e300, 0.0, 0.0, 0.0],
         "ints": [2**63 - 1, -(2**63), 0, 1],
+        # FP32 values whose bytes begin as the extremes' do: taken the exact way, same array
+        "all-ones mantissas": [float(np.nextafter(np.float32(1), np.float32(0))), -float(np.nextafter(np.float32(2), np.float32(0))), 0.5, 1.0],
     }
     for name, values in cases.items():
         refuse = max(abs(float(v)) for v in values) > FP32_MAX
