@@ -29,7 +29,7 @@ from offload.serve.errors import BodyTooLarge, InvalidRequest, ServeError, Unkno
 from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import CONTENT_TYPE_LATEST, FOLD_EVERY_S, ServeMetrics
 from offload.serve.model import ServedModel, served_model
-from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, InferRequest, encode_infer, encode_json, encode_json_rows, json_row_values, json_single_answers, parse_infer, stack_rows
+from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, InferRequest, LoneRows, encode_infer, encode_json, encode_json_rows, json_row_values, json_single_answers, parse_infer, stack_rows
 from offload.sim.errors import InputError, InputKeyError, InputTypeError
 
 __all__ = ["create_app", "ScoringService"]
@@ -87,6 +87,7 @@ class ScoringService:
             model=self.model.name,
             run_inline=self.runner.run_inline if self.runner.inline else None,
             stack=stack_rows,
+            alone=LoneRows(self.model.input.width),
         )
         self._request_hist = self.metrics.request_duration.labels(model=self.model.name)
         self._ok_counter = self.metrics.requests.labels(model=self.model.name, code="200")

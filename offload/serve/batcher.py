@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import time
 from typing import Awaitable, Callable, Sequence
 
@@ -124,7 +125,10 @@ class DynamicBatcher:
     ``await run_batch(x: [N, F]) -> (y: [N, n_out], device_name)``; it owns threads and
     deadlines (:class:`~offload.serve.faults.FailoverRunner`), so the batcher holds no thread that
     a stuck device could pin. ``stack(list of queued rows) -> ([N, F], {index: error})``
-    builds a batch's input (default :func:`stack_arrays`: float64).
+    builds a batch's input (default :func:`stack_arrays`: float64). ``alone(rows)`` builds the
+    input of a request the device computes alone, at once (default: ``stack([rows])``, its
+    refusal raised); the device call reads it before ``submit`` returns, so it may reuse a buffer
+    (:class:`~offload.serve.oip.LoneRows`).
 
     Example::
 
@@ -145,9 +149,13 @@ class DynamicBatcher:
         model: str = "model",
         run_inline: Callable[[np.ndarray], tuple[np.ndarray, str]] | None = None,
         stack: Callable[[list], tuple[np.ndarray, dict[int, Exception]]] = stack_arrays,
+        alone: Callable[[Sequence], np.ndarray] | None = None,
     ) -> None:
         self._run_batch = run_batch
         self._stack = stack
+        # A lone request's rows: stack([x])'s array, or its refusal raised. Only read by the device
+        # call made before submit() returns, so it may be a buffer the next lone request reuses.
+        self._alone = alone if alone is not None else functools.partial(_stacked_alone, stack)
         # run_batch as a plain call, given only where run_batch never suspends (FailoverRunner.inline).
         self._run_inline = run_inline
         self.max_batch_size = max_batch_size
@@ -243,9 +251,7 @@ class DynamicBatcher:
             self._skipped += 1
             if timeout <= 0:  # its one check of the deadline: it never waits, so only this can fail it
                 raise RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms")
-            rows, refused = self._stack([x])
-            if refused:
-                raise refused[0]
+            rows = self._alone(x)
             if self._metrics is not None:
                 qd, bs = self._children
                 qd.observe(0.0)  # never queued: no clock read for a wait that cannot be one
@@ -457,6 +463,13 @@ class DynamicBatcher:
             if not p.future.done():
                 p.future.set_result((out, off, p.n))
             off += p.n
+
+
+def _stacked_alone(stack: Callable[[list], tuple[np.ndarray, dict[int, Exception]]], x: Sequence) -> np.ndarray:
+    rows, refused = stack([x])
+    if refused:
+        raise refused[0]
+    return rows
 
 
 def _time_out(p: _Pending) -> None:

@@ -20,7 +20,7 @@ import orjson
 from offload.serve.errors import InvalidRequest, RequestError
 
 __all__ = [
-    "OipError", "TensorSpec", "InferRequest", "JsonRows", "parse_infer", "stack_rows", "encode_infer", "encode_json",
+    "OipError", "TensorSpec", "InferRequest", "JsonRows", "parse_infer", "stack_rows", "LoneRows", "encode_infer", "encode_json",
     "json_row_values", "json_single_answers", "encode_json_rows", "check_shape", "as_fp32", "fp32_finite", "HEADER_LENGTH", "JSON_HEADERS",
 ]
 
@@ -365,6 +365,46 @@ def stack_rows(xs: list[np.ndarray | JsonRows]) -> tuple[np.ndarray, dict[int, I
                 continue
         rows.append(x)
     return (np.concatenate(rows, axis=0, dtype=np.float32) if rows else np.empty((0, 0), dtype=np.float32)), refused
+
+
+class LoneRows:
+    """The rows of a request that the device computes alone, at once (the batcher's ``alone``):
+    ``stack_rows([x])``'s array, or its refusal raised. A one-row JSON request of ``width``
+    values, the usual one, is packed into one buffer kept for the next: the array is only read
+    by the device call the batcher makes before it returns, and is overwritten by the next lone
+    request. Any other request is ``stack_rows``'s own.
+
+    A bytearray and an array over it, made once: per request those were a bytearray and NumPy's
+    array constructor, ~2 us of a lone request in a real server (cold; BENCHMARKS.md, round 19).
+
+    Example::
+
+        alone = LoneRows(16)
+        x = alone(JsonRows([0.5] * 16, 1, 16))   # float32 [1, 16], the same buffer every call
+    """
+
+    __slots__ = ("_width", "_buf", "_rows", "_pack")
+
+    def __init__(self, width: int) -> None:
+        self._width = width
+        self._buf = bytearray(4 * width)
+        self._rows = np.ndarray((1, width), _F32, self._buf)  # writable, aligned (the buffer is malloc'd)
+        self._pack = struct.Struct(f"={width}f").pack_into
+
+    def __call__(self, x: np.ndarray | JsonRows) -> np.ndarray:
+        if type(x) is JsonRows and x.n == 1 and x.f == self._width:
+            buf = self._buf
+            try:
+                self._pack(buf, 0, *x.data)  # as stack_rows packs a small batch: see there
+            except (struct.error, OverflowError):
+                pass
+            else:
+                if buf.find(_FP32_EXTREME_LE) < 0:
+                    return self._rows
+        rows, refused = stack_rows([x])
+        if refused:
+            raise refused[0]
+        return rows
 
 
 def _packer(n: int, code: str) -> struct.Struct:

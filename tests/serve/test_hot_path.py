@@ -23,7 +23,7 @@ from offload.serve.config import ServeConfig
 from offload.serve.errors import InvalidRequest
 from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import ServeMetrics
-from offload.serve.oip import InferRequest, JsonRows, TensorSpec, encode_infer, encode_json, encode_json_rows, fp32_finite, json_row_values, json_single_answers, parse_infer, stack_rows
+from offload.serve.oip import InferRequest, JsonRows, LoneRows, TensorSpec, encode_infer, encode_json, encode_json_rows, fp32_finite, json_row_values, json_single_answers, parse_infer, stack_rows
 
 FP32_MAX = float(np.finfo(np.float32).max)
 INP, OUT = TensorSpec("x", 4), TensorSpec("y", 1)
@@ -404,6 +404,41 @@ def test_json_rows_converted_with_their_batch_are_each_request_converted_alone(f
             assert x.shape[0] == 0
     # Both of stack_rows' ways were taken: batches up to _SMALL values, and (wide rows) past it.
     assert min(sizes) <= oip._SMALL and (max(sizes) > oip._SMALL) == (f == 100)
+
+
+@pytest.mark.parametrize("f", [4, 100], ids=["small rows", "rows past stack_rows' _SMALL"])
+def test_a_lone_requests_rows_are_what_its_batch_alone_gets_in_a_reused_buffer(f):
+    # LoneRows(f)(x) must be stack_rows([x])'s array or raise its refusal, for every request in
+    # turn, whatever the one before it left in the shared buffer; one-row JSON requests get that
+    # buffer, which is what saves the allocations.
+    rng = np.random.default_rng(21)
+    alone = LoneRows(f)
+    xs = []
+    for body in _json_bodies(rng, f):
+        try:
+            xs.append(parse_infer(body, None, TensorSpec("x", f), OUT, 64, lazy_json=True).x)
+        except InvalidRequest:
+            continue
+    xs.append(rng.normal(size=(2, f)).astype(np.float32))  # arrays: stack_rows' own
+    order = [xs[i] for i in rng.permutation(len(xs))] * 2
+    reused = refusals = 0
+    first = None
+    for x in order:
+        want, refused = stack_rows([x])
+        if refused:
+            with pytest.raises(InvalidRequest) as e:
+                alone(x)
+            assert str(e.value) == str(refused[0])
+            refusals += 1
+            continue
+        got = alone(x)
+        assert got.dtype == np.float32 and got.flags.c_contiguous and got.flags.writeable and got.flags.aligned
+        np.testing.assert_array_equal(got, want)
+        if type(x) is JsonRows and len(x) == 1 and got.base is not None and type(got.base) is bytearray:
+            first = first if first is not None else got
+            assert got is first  # one array, every time
+            reused += 1
+    assert reused > 40 and refusals > 10
 
 
 def test_json_rows_mixed_with_binary_rows_keep_their_order():
