@@ -41,6 +41,15 @@ same phase of the machine's load), as the median of the sweeps' ratios.
 
     .venv/bin/python bench/bench_serve.py --connections 1,8,64 --kserve [--duration 3] [--repeats 3]
 
+``--placement same`` puts every server and the client (this process) on CPU 0, ``split`` the
+servers on CPU 0 and the client on CPU 1; the default leaves both to the scheduler. At one
+connection, where the scheduler puts a woken client decides what a request costs the floor: on
+its server's CPU no wake-up crosses CPUs, and the floor's CPU a request is about half what it is
+across two (round 19). Unpinned, a run gets whichever placement the scheduler keeps choosing, often
+for minutes, so the one-connection ratio is measured in both.
+
+    .venv/bin/python bench/bench_serve.py --connections 1 --placement same [--repeats 9]
+
 ``--base REV`` adds, to ``--connections`` or ``--protocols``, the service as it was at git
 revision REV (a temporary worktree, run with this environment's packages by ``_at_tree.py``) in
 the same interleaved rounds: what a change did, as the paired ratio of this checkout's service
@@ -104,9 +113,17 @@ def _end_child(child: subprocess.Popen) -> None:
         child.wait()
 
 
-def _start(cmd: list[str], port: int) -> subprocess.Popen:
+# --placement: the CPUs of the servers and of this process (the closed-loop client), or None to
+# leave both to the scheduler. At one connection the floor's CPU a request doubles from the same
+# CPU to two (round 19: a woken client on the server's CPU costs no cross-CPU wake-up), and the
+# scheduler picks either for minutes at a time.
+PLACEMENTS: dict[str, tuple[set[int], set[int]] | None] = {"os": None, "same": ({0}, {0}), "split": ({0}, {1})}
+
+
+def _start(cmd: list[str], port: int, cpus: set[int] | None = None) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))  # before exec: every thread inherits it
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT, preexec_fn=pin)
     end = time.monotonic() + 60
     while time.monotonic() < end:
         if p.poll() is not None:
@@ -163,9 +180,10 @@ def kserve_python(install_timeout_s: float) -> Path | None:
     return py
 
 
-def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with_kserve: bool, install_timeout_s: float, base: Path | None = None) -> dict:
+def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with_kserve: bool, install_timeout_s: float, base: Path | None = None, placement: str = "os") -> dict:
     """Closed-loop throughput / p50 / p99 / server CPU per request at each concurrency; with
-    ``base`` (another checkout), its service too."""
+    ``base`` (another checkout), its service too; servers and client on the CPUs ``placement``
+    names (:data:`PLACEMENTS`)."""
     import uvloop
 
     from bench_serve_inproc import risk_body
@@ -185,7 +203,10 @@ def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with
     if kpy is not None:
         cmds["kserve"] = [str(kpy), "bench/_kserve_peer.py", str(tmp / "float.npz"), "--port", str(ports["kserve"])]
     body = risk_body()
-    procs = {k: _start(c, ports[k]) for k, c in cmds.items()}
+    server_cpus, client_cpus = PLACEMENTS[placement] or (None, None)
+    procs = {k: _start(c, ports[k], server_cpus) for k, c in cmds.items()}
+    if client_cpus is not None:
+        os.sched_setaffinity(0, client_cpus)
     runs: dict[tuple[str, int], list[dict]] = {(k, c): [] for k in cmds for c in conns}
     try:
         for k in cmds:  # warm-up: first requests pay imports, JIT and cold caches
@@ -249,7 +270,7 @@ def connections(tmp: Path, conns: list[int], duration: float, repeats: int, with
         print(f"KServe (1 worker) at its best: {kb['throughput']:.0f} req/s at {kc} connections, p99 {kb['p99_ms']:.2f} ms; "
               f"service's best with p99 <= that: {sb:.0f} req/s: {r3:.2f}x (goal >= 8)")
         print("KServe / service server CPU per request: " + ", ".join(f"{v:.1f}x at {c}" for c, v in summary["kserve_over_service_cpu_per_req"].items()))
-    return {"results": res, "summary": summary}
+    return {"results": res, "summary": summary, "placement": placement}
 
 
 def _paired_over_base(runs: dict, conns: list[int]) -> dict:
@@ -426,6 +447,8 @@ def main() -> None:
     ap.add_argument("--connections", default=None, help="closed loop at these concurrencies (e.g. 1,8,64) instead of the rate sweep")
     ap.add_argument("--kserve", action="store_true", help="--connections: add KServe's ModelServer as a peer (own venv, see above)")
     ap.add_argument("--kserve-install-timeout", type=float, default=900.0, help="seconds pip may take to install kserve")
+    ap.add_argument("--placement", choices=sorted(PLACEMENTS), default="os",
+                    help="--connections: servers and client on CPUs the scheduler picks (os), all on CPU 0 (same), or servers on 0 and client on 1 (split)")
     ap.add_argument("--base", default=None, metavar="REV", help="--connections / --protocols: also the service at git revision REV (see above)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -456,7 +479,7 @@ def main() -> None:
     model = train_float_model(x, y, seed=0)
     np.savez(tmp / "float.npz", **{k: v.detach().numpy() for k, v in model.state_dict().items()})
     if a.connections:
-        out = connections(tmp, [int(c) for c in a.connections.split(",")], a.duration, a.repeats, a.kserve, a.kserve_install_timeout, base)
+        out = connections(tmp, [int(c) for c in a.connections.split(",")], a.duration, a.repeats, a.kserve, a.kserve_install_timeout, base, a.placement)
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
         return
