@@ -27,6 +27,7 @@ from offload.serve.batcher import BatchOut, DynamicBatcher
 from offload.serve.config import ServeConfig
 from offload.serve.errors import BodyTooLarge, InvalidRequest, ServeError, UnknownModel, answer
 from offload.serve.faults import FailoverRunner
+from offload.serve.json_rows import compiled as compiled_json_rows
 from offload.serve.metrics import CONTENT_TYPE_LATEST, FOLD_EVERY_S, ServeMetrics
 from offload.serve.model import ServedModel, served_model
 from offload.serve.oip import HEADER_LENGTH, JSON_HEADERS, InferRequest, LoneRows, encode_infer, encode_json, encode_json_rows, json_row_values, json_single_answers, parse_infer, stack_rows
@@ -63,6 +64,8 @@ class ScoringService:
     def __init__(self, bundle: Any, config: ServeConfig | None = None, *, opener=None) -> None:
         self.config = cfg = config or ServeConfig()
         self.model: ServedModel = served_model(bundle)
+        # The compiled JSON reader is built (or found in the build cache) now, not by a request.
+        compiled_json_rows()
         self.metrics = ServeMetrics()
         kw = {"opener": opener} if opener is not None else {}
         probe = np.zeros((1, self.model.input.width))

@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 
 from offload.serve.errors import InvalidRequest, RequestError
+from offload.serve.json_rows import compiled as compiled_json_rows
 
 __all__ = [
     "OipError", "TensorSpec", "InferRequest", "JsonRows", "parse_infer", "stack_rows", "LoneRows", "encode_infer", "encode_json",
@@ -104,6 +105,14 @@ def parse_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: Te
     ``lazy_json``: JSON rows may come back as :class:`JsonRows`, for :func:`stack_rows` to convert
     with the rest of their batch (the service's batcher does); otherwise ``x`` is always an array.
     """
+    if header_length is None:
+        # The common body without an id, its bytes read straight into the device's rows (C, see
+        # offload.serve.json_rows; one C call a request once it is built: lru_cache's lookup).
+        reader = compiled_json_rows()
+        if reader is not None:
+            x = reader(body, inp.name, inp.datatype, inp.width, max_batch)
+            if x is not None:
+                return InferRequest(x, None, False, True)
     if lazy_json and header_length is None:
         # The common body (see _COMMON), decoded here rather than in a function of its own: a
         # frame fewer on nearly every JSON request. Anything else is the general parser's.
@@ -392,7 +401,14 @@ class LoneRows:
         self._pack = struct.Struct(f"={width}f").pack_into
 
     def __call__(self, x: np.ndarray | JsonRows) -> np.ndarray:
-        if type(x) is JsonRows and x.n == 1 and x.f == self._width:
+        if type(x) is np.ndarray:
+            # The compiled JSON reader's rows (offload.serve.json_rows), the usual request now,
+            # and binary ones: stack_rows's test for one array, without its frame and list.
+            if x.dtype is _F32:
+                flags = x.flags
+                if flags.writeable and flags.c_contiguous:
+                    return x
+        elif type(x) is JsonRows and x.n == 1 and x.f == self._width:
             buf = self._buf
             try:
                 self._pack(buf, 0, *x.data)  # as stack_rows packs a small batch: see there

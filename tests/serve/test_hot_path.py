@@ -372,8 +372,17 @@ def _json_bodies(rng: np.random.Generator, f: int = 4) -> list[bytes]:
     return bodies
 
 
+@pytest.fixture
+def msgspec_reader(monkeypatch):
+    """parse_infer without the compiled JSON reader: common bodies come back as JsonRows, as
+    they do where it cannot be built, and for the bodies it leaves to msgspec (an id, ...)."""
+    import offload.serve.oip as oip
+
+    monkeypatch.setattr(oip, "compiled_json_rows", lambda: None)
+
+
 @pytest.mark.parametrize("f", [4, 100], ids=["small batches", "batches past stack_rows' _SMALL"])
-def test_json_rows_converted_with_their_batch_are_each_request_converted_alone(f):
+def test_json_rows_converted_with_their_batch_are_each_request_converted_alone(f, msgspec_reader):
     import offload.serve.oip as oip
 
     rng = np.random.default_rng(11)
@@ -407,7 +416,7 @@ def test_json_rows_converted_with_their_batch_are_each_request_converted_alone(f
 
 
 @pytest.mark.parametrize("f", [4, 100], ids=["small rows", "rows past stack_rows' _SMALL"])
-def test_a_lone_requests_rows_are_what_its_batch_alone_gets_in_a_reused_buffer(f):
+def test_a_lone_requests_rows_are_what_its_batch_alone_gets_in_a_reused_buffer(f, msgspec_reader):
     # LoneRows(f)(x) must be stack_rows([x])'s array or raise its refusal, for every request in
     # turn, whatever the one before it left in the shared buffer; one-row JSON requests get that
     # buffer, which is what saves the allocations.
@@ -421,7 +430,7 @@ def test_a_lone_requests_rows_are_what_its_batch_alone_gets_in_a_reused_buffer(f
             continue
     xs.append(rng.normal(size=(2, f)).astype(np.float32))  # arrays: stack_rows' own
     order = [xs[i] for i in rng.permutation(len(xs))] * 2
-    reused = refusals = 0
+    reused = refusals = arrays = 0
     first = None
     for x in order:
         want, refused = stack_rows([x])
@@ -438,10 +447,18 @@ def test_a_lone_requests_rows_are_what_its_batch_alone_gets_in_a_reused_buffer(f
             first = first if first is not None else got
             assert got is first  # one array, every time
             reused += 1
-    assert reused > 40 and refusals > 10
+        if type(x) is np.ndarray:
+            assert got is x  # an array the device takes as it is (the compiled reader's): no copy
+            arrays += 1
+    assert reused > 40 and refusals > 10 and arrays >= 2
+    # Arrays the device does not take as they are get stack_rows' copy.
+    for x in (np.ones((1, f)), np.ones((2, f), np.float32)[::-1], np.ones((1, f), ">f4")):
+        got = alone(x)
+        assert got is not x and got.dtype == np.float32 and got.flags.carray
+        np.testing.assert_array_equal(got, stack_rows([x])[0])
 
 
-def test_json_rows_mixed_with_binary_rows_keep_their_order():
+def test_json_rows_mixed_with_binary_rows_keep_their_order(msgspec_reader):
     rng = np.random.default_rng(12)
     a = rng.normal(size=(2, 4)).astype(np.float32)
     j = rng.normal(size=(3, 4))
