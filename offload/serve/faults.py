@@ -162,8 +162,11 @@ class FailoverRunner:
         override ``run`` and must keep every check. FP32 both ways (``fp32=True``): the service's
         wire type, so its float32 rows go in as they are and the outputs come back rounded to FP32
         by the kernel, with no NumPy conversion. Rows, not mappings: two frames between the runner
-        and the compiled kernel, no dict (BENCHMARKS.md, round 13)."""
-        return dev.bind_rows(handle, fp32=True) if type(dev) is SimDevice else None
+        and the compiled kernel, no dict (BENCHMARKS.md, round 13). Unguarded, so one frame
+        (round 20): this runner never calls it after the device closes, since every close (close(),
+        _fault's reopener) comes after ``_live`` and ``_fast`` were cleared under the lock, and
+        run_inline reads ``_live`` once."""
+        return dev.bind_rows(handle, fp32=True, guard=False) if type(dev) is SimDevice else None
 
     def run_inline(self, x: np.ndarray) -> tuple[np.ndarray, str]:
         """:meth:`run` for an :attr:`inline` runner, as a plain call: the batcher's lone request

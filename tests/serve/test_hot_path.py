@@ -20,7 +20,7 @@ from offload.host import DeviceError
 from offload.host.sim import SimDevice
 from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
-from offload.serve.errors import InvalidRequest
+from offload.serve.errors import DeviceUnavailable, InvalidRequest
 from offload.serve.faults import FailoverRunner
 from offload.serve.metrics import ServeMetrics
 from offload.serve.oip import InferRequest, JsonRows, LoneRows, TensorSpec, encode_infer, encode_json, encode_json_rows, fp32_finite, json_row_values, json_single_answers, parse_infer, stack_rows
@@ -97,6 +97,31 @@ def test_the_sim_devices_validated_run_is_its_checked_run(bundle):
         bound(x)
 
 
+def test_an_unguarded_sim_call_is_the_guarded_one_and_the_runner_drops_it_before_any_close(bundle):
+    kernel = next(iter(bundle.kernels.values()))
+    dev = SimDevice()
+    h = dev.load(kernel)
+    x = np.random.default_rng(5).normal(scale=4.0, size=(9, 16)).astype(np.float32)
+    guarded, bare = dev.bind_rows(h, fp32=True), dev.bind_rows(h, fp32=True, guard=False)
+    assert bare is not guarded
+    np.testing.assert_array_equal(bare(x).view(np.uint32), guarded(x).view(np.uint32))
+    dev.close()
+    with pytest.raises(DeviceError, match="closed"):
+        guarded(x)
+
+    # The runner's unguarded call is gone before its device closes: close() finds it cleared.
+    # (Watched on the instance: only the SimDevice class itself gets the bound call.)
+    seen: list = []
+    watched = SimDevice()
+    watched.close = lambda: (seen.append((r._live, r._fast)), SimDevice.close(watched))
+    r = FailoverRunner(kernel, "sim", n_out=1, fallback="503", metrics=ServeMetrics(), model="risk", opener=lambda spec: watched)
+    assert r._fast is not None and r._primary is watched
+    r.close()
+    assert seen == [(None, None)]
+    with pytest.raises(DeviceUnavailable, match="closed"):  # and a call after close is refused by the runner
+        r.run_inline(x)
+
+
 class _NanSim(SimDevice):
     """A device that is a SimDevice by inheritance only (as the fault tests' hostile device is):
     it must still get the output check."""
@@ -107,9 +132,9 @@ class _NanSim(SimDevice):
         return {"y": y}
 
 
-def test_the_runners_inline_call_reaches_the_compiled_kernel_through_two_frames(bundle, monkeypatch):
-    # Runner -> the device's bound call -> the program's bound call -> the compiled entry point:
-    # no kind, mapping or Program.run_fp32 frame between them (each cost the one-row call at one
+def test_the_runners_inline_call_reaches_the_compiled_kernel_through_one_frame(bundle, monkeypatch):
+    # Runner -> the program's bound call -> the compiled entry point: no device guard, kind,
+    # mapping or Program.run_fp32 frame between them (each cost the one-row call at one
     # connection ~0.5-1 us), and the answer is still the checked run's, rounded to FP32.
     import sys
 
@@ -137,7 +162,7 @@ def test_the_runners_inline_call_reaches_the_compiled_kernel_through_two_frames(
         y, device = r.run_inline(x)
     finally:
         r.close()
-    assert stacks == [["run", "call"]] and device == "sim"
+    assert stacks == [["run"]] and device == "sim"
     dev = SimDevice()
     want = dev.run(dev.load(kernel), {"x": x.astype(np.float64)})["y"].astype(np.float32)
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
