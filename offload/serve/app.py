@@ -413,7 +413,7 @@ def _asgi_app(svc: ScoringService, routed):
                             svc._check_rows(req.x)
                     if not svc._started:
                         await svc._ensure_started()
-                    r = svc.batcher.submit(req.x, svc._timeout_s)
+                    r = svc.batcher.submit(req.x, svc._timeout_s, x is not None)
                     if type(r) is tuple:  # computed at once, alone: the whole of its batch
                         shared, off, n = r
                         # _encode's memo, looked up here: its frame only for other answers and misses.

@@ -220,13 +220,19 @@ class DynamicBatcher:
         out, off, n = r if type(r) is tuple else await r
         return out.y[off : off + n]
 
-    def submit(self, x: Sequence, timeout: float) -> tuple[BatchOut, int, int] | Awaitable[tuple[BatchOut, int, int]]:
+    def submit(self, x: Sequence, timeout: float, ready: bool = False) -> tuple[BatchOut, int, int] | Awaitable[tuple[BatchOut, int, int]]:
         """Queues ``x`` (anything ``stack`` takes, ``len(x)`` rows); its answer is the batch's
         shared output and this request's rows in it, ``(out, offset, n)``: the answer itself when
         the request ran at once, alone (a lonely leader on an inline device), else an awaitable of
         it (the request's future, or its leader's pass) for the caller to await directly. Each
         coroutine between a request's task and its future is a frame to enter and leave on every
         resume; at 64 connections the REST hot path's await chain cost 0.35-0.95 us a level (py-spy).
+
+        ``ready``: ``x`` is already what ``alone(x)`` would give, the array the device reads, and
+        not a buffer anyone reuses (the service's compiled JSON reader makes a fresh one per
+        request): computed alone, it goes to the device as it is, without ``alone``'s call (a
+        frame, ~1 us of a lone request in a real server; BENCHMARKS.md, round 20). Queued, it is
+        ``stack``'s as any request.
 
         Await the awaitable at once, before anything else is submitted or awaited: the request
         is queued already, and a leader's pass, which runs its batch, starts only when awaited
@@ -251,7 +257,7 @@ class DynamicBatcher:
             self._skipped += 1
             if timeout <= 0:  # its one check of the deadline: it never waits, so only this can fail it
                 raise RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms")
-            rows = self._alone(x)
+            rows = x if ready else self._alone(x)
             if self._metrics is not None:
                 qd, bs = self._children
                 qd.observe(0.0)  # never queued: no clock read for a wait that cannot be one

@@ -207,3 +207,50 @@ def test_submit_refuses_at_once_when_stopping_or_full():
         b._stopping = False
 
     asyncio.run(_with(dev, body))
+
+
+def test_a_ready_lone_request_goes_to_the_device_as_it_is_and_a_queued_one_is_stacked():
+    """``submit(x, timeout, ready=True)``: alone, ``x`` itself is the device's input, with no
+    ``alone`` call; queued, ``stack`` builds its batch as for any request."""
+    from offload.serve.batcher import _LONELY_PASSES
+
+    seen: list = []
+    built: list = []
+
+    def run_inline(x):
+        seen.append(x)
+        return x[:, :1] * 10.0 + 1.0, "inline"
+
+    async def run_batch(x):
+        seen.append(x)
+        return x[:, :1] * 10.0 + 1.0, "task"
+
+    def alone(x):
+        built.append(np.array(x, dtype=np.float64))
+        return built[-1]
+
+    async def body():
+        b = DynamicBatcher(run_batch, max_batch_size=64, max_queue_delay_s=100e-6, max_queue_size=100, run_inline=run_inline, alone=alone)
+        await b.start()
+        try:
+            for i in range(_LONELY_PASSES + 1):
+                await b.infer(_rows(i), TIMEOUT)
+            x = _rows(4).astype(np.float32)
+            r = b.submit(x, TIMEOUT, True)
+            assert type(r) is tuple and seen[-1] is x and not built  # alone, as it is
+            r = b.submit(_rows(5), TIMEOUT)
+            assert type(r) is tuple and len(built) == 1 and seen[-1] is built[0]  # not ready: alone's array
+            assert built[0].tolist() == [[5.0, 5.0, 5.0]]
+            # queued behind a leader's pass: stacked with its batch, never the array itself
+            b._lonely = 0
+            leader = asyncio.ensure_future(b.submit(_rows(6), TIMEOUT))
+            await asyncio.sleep(0)
+            y = _rows(7).astype(np.float32)
+            queued = b.submit(y, TIMEOUT, True)
+            assert type(queued) is not tuple
+            (out, off, n), _ = await queued, await leader
+            assert seen[-1] is not y and seen[-1].shape == (2, 3) and out.y[off : off + n].tolist() == [[71.0]]
+        finally:
+            await b.stop()
+
+    asyncio.run(asyncio.wait_for(body(), GUARD))
