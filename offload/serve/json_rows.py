@@ -34,15 +34,13 @@ import numpy as np
 from offload.hls import csim
 from offload.sim.errors import CSimError, ToolchainMissing
 
-__all__ = ["compiled", "build_seconds"]
+__all__ = ["compiled"]
 
 _log = logging.getLogger("offload.serve")
 
-_built_s = [0.0]
-
 
 @functools.lru_cache(maxsize=None)
-def compiled() -> Callable[[bytes, bytes, bytes, int, int], np.ndarray | None] | None:
+def compiled() -> Callable[[bytes, str, str, int, int], np.ndarray | None] | None:
     """``rows(body, name, datatype, width, max_batch)``: the float32 [b, width] rows of a common
     infer body for an input called ``name`` of ``datatype``, or None for any other body; None
     itself where it cannot be built here (then it is logged once)."""
@@ -54,14 +52,9 @@ def compiled() -> Callable[[bytes, bytes, bytes, int, int], np.ndarray | None] |
     except (CSimError, ToolchainMissing, OSError) as e:
         _log.warning("the compiled JSON reader could not be built (%s); JSON bodies take msgspec's decoder", e)
         return None
-    _built_s[0] = time.perf_counter() - t0
-    _log.info("compiled JSON reader ready in %.2f s (%s)", _built_s[0], lib)
+    _log.info("compiled JSON reader ready in %.2f s (%s)", time.perf_counter() - t0, lib)
     spec = importlib.util.spec_from_file_location("_json_rows", lib)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.rows
 
-
-def build_seconds() -> float:
-    """Seconds the first :func:`compiled` of this process spent building or finding the module."""
-    return _built_s[0]

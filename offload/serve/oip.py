@@ -402,8 +402,9 @@ class LoneRows:
 
     def __call__(self, x: np.ndarray | JsonRows) -> np.ndarray:
         if type(x) is np.ndarray:
-            # The compiled JSON reader's rows (offload.serve.json_rows), the usual request now,
-            # and binary ones: stack_rows's test for one array, without its frame and list.
+            # Binary and gRPC rows, and the compiled JSON reader's from a caller that does not
+            # submit them ready (the app does): stack_rows's test for one array, without its
+            # frame and list.
             if x.dtype is _F32:
                 flags = x.flags
                 if flags.writeable and flags.c_contiguous:
