@@ -11,12 +11,12 @@ the two on adversarial bodies and numbers.
 
 Built by :func:`offload.hls.csim.build` (cached by the source's hash, the compiler and the
 include paths: once per machine and Python) the first time a service is made. Where no compiler
-or Python headers are found, :func:`compiled` is None and the service parses as before.
+or Python headers are found, :func:`compiled` returns None and the service parses as before.
 
 Example::
 
     rows = compiled()
-    x = rows(b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[0.5,1.0]}]}', b"x", b"FP32", 2, 64)
+    x = rows(b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[0.5,1.0]}]}', "x", "FP32", 2, 64)
 """
 
 from __future__ import annotations

@@ -379,7 +379,9 @@ def stack_rows(xs: list[np.ndarray | JsonRows]) -> tuple[np.ndarray, dict[int, I
 class LoneRows:
     """The rows of a request that the device computes alone, at once (the batcher's ``alone``):
     ``stack_rows([x])``'s array, or its refusal raised. A one-row JSON request of ``width``
-    values, the usual one, is packed into one buffer kept for the next: the array is only read
+    values that msgspec read (one with an id, or any where the compiled reader of
+    :mod:`offload.serve.json_rows` could not be built; the reader's own arrays are submitted
+    ``ready`` and skip this) is packed into one buffer kept for the next: the array is only read
     by the device call the batcher makes before it returns, and is overwritten by the next lone
     request. Any other request is ``stack_rows``'s own.
 
@@ -401,15 +403,7 @@ class LoneRows:
         self._pack = struct.Struct(f"={width}f").pack_into
 
     def __call__(self, x: np.ndarray | JsonRows) -> np.ndarray:
-        if type(x) is np.ndarray:
-            # Binary and gRPC rows, and the compiled JSON reader's from a caller that does not
-            # submit them ready (the app does): stack_rows's test for one array, without its
-            # frame and list.
-            if x.dtype is _F32:
-                flags = x.flags
-                if flags.writeable and flags.c_contiguous:
-                    return x
-        elif type(x) is JsonRows and x.n == 1 and x.f == self._width:
+        if type(x) is JsonRows and x.n == 1 and x.f == self._width:
             buf = self._buf
             try:
                 self._pack(buf, 0, *x.data)  # as stack_rows packs a small batch: see there
