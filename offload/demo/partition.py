@@ -70,7 +70,7 @@ def _torchrec_variant(console: Console, res) -> bool:
     """The same trained DLRM written with TorchRec (EBC over a KeyedJaggedTensor, torchrec's MLP)."""
     console.rule("[bold]The same DLRM, TorchRec style: EmbeddingBagCollection + torchrec MLP")
     # Tables only, like the section above (its MLPs stay on the host too); with ops=("embedding_bag", "mlp")
-    # torchrec's MLP and the functional-activation top become two MLP chains (tests/torch/test_torchrec_partition.py).
+    # torchrec's MLP and the functional-activation top become two MLP chains (tests/partition/test_torchrec_partition.py).
     tr = run_torchrec(trained=(res.model, res.test_data), ops=("embedding_bag",))
     console.print(tr.report.table())
     rows = {d.node: d for d in tr.report.decisions}

@@ -179,7 +179,7 @@ def test_narrow_saturating_accumulator_is_refused_with_the_layer_named(tmp_path)
 
 def test_distributed_arithmetic_mlp_runs_bit_exact_where_latency_accumulators_would_saturate(tmp_path):
     """strategy='distributed_arithmetic': exact sums then one cast into each result type, as hls4ml's
-    DA firmware computes (tests/torch/test_mlp_da.py); the RTL equals simulate on every row, and
+    DA firmware computes (tests/nn/test_mlp_da.py); the RTL equals simulate on every row, and
     differs from the same network with narrow saturating latency accumulators (which to_rtl refuses)."""
     torch.manual_seed(6)
     seq = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2), torch.nn.Sigmoid()).eval()

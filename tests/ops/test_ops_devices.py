@@ -2,7 +2,7 @@
 
 - ``meta`` tensors: shapes and dtypes from the fake kernels, and the kernel never runs.
 - torch.compile / torch.export with a dynamic batch: the ops stay one node with symbolic shapes.
-- A registered test device (PrivateUse1 renamed ``testdev``, tests/torch/_testdev_backend.py) for
+- A registered test device (PrivateUse1 renamed ``testdev``, tests/_testdev_backend.py) for
   device moves: inputs copied to the host once, the result copied back to the input's device,
   values identical to the CPU op. Run in a child process because the rename cannot be undone.
 
@@ -25,12 +25,13 @@ import torch
 import offload
 from offload.ops.resident import get_resident
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+# The test device's helpers sit at the top of tests/, beside the other shared helpers.
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def testdev_results():
-    proc = subprocess.run([sys.executable, os.path.join(_HERE, "_testdev_checks.py")], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, os.path.join(_TESTS, "_testdev_checks.py")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

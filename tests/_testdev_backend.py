@@ -1,5 +1,5 @@
 """A Python-only test device, ``testdev``, on torch's PrivateUse1 dispatch key, for the ops' non-CPU
-branches on machines without a GPU. Run only in a child process (see test_ops_devices.py):
+branches on machines without a GPU. Run only in a child process (see tests/ops/test_ops_devices.py):
 ``rename_privateuse1_backend`` may be called once per process and cannot be undone.
 
 Built the way torch 2.13 tests its own Python backend (test/test_privateuseone_python_backend.py

@@ -1,5 +1,5 @@
-"""Checks of the offload ops on the ``testdev`` test device (tests/torch/_testdev_backend.py), run in a child
-process by test_ops_devices.py. Prints one JSON object {check name: null or the failure's traceback}."""
+"""Checks of the offload ops on the ``testdev`` test device (tests/_testdev_backend.py), run in a child
+process by tests/ops/test_ops_devices.py. Prints one JSON object {check name: null or the failure's traceback}."""
 
 from __future__ import annotations
 
