@@ -42,9 +42,9 @@ import numpy as np
 
 from offload.hls import csim
 from offload.hls.cards import CARDS, Card
-from offload.hls.connectivity import embedding_connectivity
+from offload.hls.connectivity import render, spread
 from offload.hls.ctop import load_top
-from offload.hls.registry import get_hls_kind
+from offload.hls.registry import KernelPlacement, get_hls_kind
 from offload.hls.reports import ReportError, parse_report
 from offload.kernels.registry import get_kind
 from offload.sim.errors import BuildError  # noqa: F401  (re-exported: defined once in the hierarchy)
@@ -101,9 +101,9 @@ class ProjectKernel:
     kind: str
     kernels: list[str]  # bundle kernels that run on this top function
     files: list[str]  # under src/<top>/
-    compute_units: list[str]
-    slr: dict[str, str]  # CU -> SLRn
-    banks: dict[str, dict[str, str]]  # CU -> argument -> bank
+    compute_units: list[str] = field(default_factory=list)
+    slr: dict[str, str] = field(default_factory=dict)  # CU -> SLRn
+    banks: dict[str, dict[str, str]] = field(default_factory=dict)  # CU -> argument -> bank
     spec: dict = field(default_factory=dict)  # spec.to_json() of the kernel this top was generated from
 
 
@@ -146,75 +146,22 @@ def _resolve_card(target: str, platform: str | None) -> tuple[Card, str]:
     return card, platform or card.platform
 
 
-def _place(card: Card, pk_index: int, top: str, args, n_cus: int, next_bank: list[int]) -> tuple[list[str], dict, dict]:
-    """CU names, SLR and bank per (CU, m_axi bundle): every bundle of every CU gets its own bank
-    while banks last (bandwidth: one pseudo-channel per port), then banks are reused round-robin."""
-    cus = [f"{top}_{i + 1}" for i in range(n_cus)]
-    slr, banks = {}, {}
-    for ci, cu in enumerate(cus):
-        if card.memory.kind == "DDR":
-            # DDR banks hang off their own SLRs: keep a CU and its memory on the same SLR.
-            b = (pk_index + ci) % card.memory.banks
-            slr[cu] = f"SLR{card.memory.slr_of_bank[b]}"
-            banks[cu] = {a.name: f"DDR[{b}]" for a in args if a.role != "scalar"}
-        else:
-            # HBM hangs off SLR0; spread CUs over SLR0/SLR1 (the SLRs nearest the HBM).
-            slr[cu] = f"SLR{(pk_index + ci) % min(2, card.slrs)}"
-            by_bundle: dict[str, str] = {}
-            for a in args:
-                if a.role == "scalar":
-                    continue
-                key = a.bundle or a.name
-                if key not in by_bundle:
-                    by_bundle[key] = f"HBM[{next_bank[0] % card.memory.banks}]"
-                    next_bank[0] += 1
-            banks[cu] = {a.name: by_bundle[a.bundle or a.name] for a in args if a.role != "scalar"}
-    return cus, slr, banks
-
-
-def _kind_placement(card: Card, kernel: Any, args, n_cus: int) -> tuple[list[str], dict, dict] | None:
-    """A kind's own placement where it has one: embedding tables are spread over banks by size and
-    traffic (``offload.hls.connectivity``, tables larger than a pseudo-channel take a run of them).
-    Its config is read back into per-CU banks and SLRs, so one file covers every kernel."""
-    if kernel.kind != "embedding":
+def _placement(card: Card, hk: Any, spec: Any, n_cus: int) -> KernelPlacement | None:
+    """The kind's own placement, checked to cover every pointer argument of every CU; None when it has none."""
+    if hk.placement is None:
         return None
-    text = embedding_connectivity(kernel.spec, card, compute_units=n_cus)
-    names = {a.name for a in args if a.role != "scalar"}
-    cus: list[str] = []
-    slr: dict[str, str] = {}
-    banks: dict[str, dict[str, str]] = {}
-    for line in text.splitlines():
-        key, _, val = line.partition("=")
-        if key == "nk":  # nk=<top>:<count>: v++ names the CUs <top>_1..<top>_<count>
-            top, count = val.split(":")[:2]
-            cus = [f"{top}_{i + 1}" for i in range(int(count))]
-        elif key == "sp":
-            cuarg, bank = val.split(":", 1)
-            cu, arg = cuarg.split(".", 1)
-            if arg in names:
-                banks.setdefault(cu, {})[arg] = bank
-        elif key == "slr":
-            cu, where = val.split(":", 1)
-            slr[cu] = where
-    if not cus or any(set(banks.get(cu, {})) != names or cu not in slr for cu in cus):
-        return None  # the generator and the top function disagree: fall back to the generic placement
-    return cus, slr, banks
+    kp = hk.placement(spec, card, n_cus, None)
+    names = {a.name for a in hk.top_args(spec) if a.role != "scalar"}
+    for cu in kp.compute_units:
+        if set(kp.banks.get(cu, {})) != names or cu not in kp.slr:
+            raise BuildError(f"the {hk.name} kind's placement of {cu} gives banks for {sorted(kp.banks.get(cu, {}))} "
+                             f"and SLR {kp.slr.get(cu)}; its top function's ports are {sorted(names)}")
+    return kp
 
 
 def _connectivity(project: Project) -> str:
-    lines = ["# Generated by offload build: compute units, memory banks and SLR placement.", "[connectivity]"]
-    for pk in project.kernels:
-        # nk=<kernel>:<count> names the CUs <kernel>_1..<kernel>_<count>, the names used here;
-        # the period-separated name list is not in the v++ 2024.2+ documentation (UG1702).
-        lines.append(f"nk={pk.top}:{len(pk.compute_units)}")
-    for pk in project.kernels:
-        for cu in pk.compute_units:
-            for arg, bank in pk.banks[cu].items():
-                lines.append(f"sp={cu}.{arg}:{bank}")
-    for pk in project.kernels:
-        for cu in pk.compute_units:
-            lines.append(f"slr={cu}:{pk.slr[cu]}")
-    return "\n".join(lines) + "\n"
+    placements = {pk.top: KernelPlacement(tuple(pk.compute_units), pk.slr, pk.banks) for pk in project.kernels}
+    return "\n".join(["# Generated by offload build: compute units, memory banks and SLR placement.", *render(placements)]) + "\n"
 
 
 def _makefile(project: Project) -> str:
@@ -332,7 +279,7 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
     project = Project(root, card, plat)
     by_top: dict[str, ProjectKernel] = {}
     sources_of: dict[str, dict[str, str]] = {}
-    generic: list[tuple[ProjectKernel, Any, int]] = []
+    spread_out: list[tuple[ProjectKernel, Any, int]] = []
     for kname, k in bundle.kernels.items():
         hk = get_hls_kind(k.kind)
         top = hk.top_name(k.spec)
@@ -343,18 +290,20 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
         n = compute_units.get(top, 1) if isinstance(compute_units, Mapping) else int(compute_units)
         if n < 1:
             raise ValueError(f"compute_units: {top} needs at least 1, got {n}")
-        args = hk.top_args(k.spec)
-        placed = _kind_placement(card, k, args, n)
-        pk = ProjectKernel(top, k.kind, [kname], sorted(srcs), *(placed or ([], {}, {})), spec=k.spec.to_json())
-        if not placed:
-            generic.append((pk, args, n))
+        kp = _placement(card, hk, k.spec, n)
+        pk = ProjectKernel(top, k.kind, [kname], sorted(srcs), spec=k.spec.to_json())
+        if kp is None:
+            spread_out.append((pk, hk.top_args(k.spec), n))
+        else:
+            pk.compute_units, pk.slr, pk.banks = list(kp.compute_units), dict(kp.slr), {cu: dict(b) for cu, b in kp.banks.items()}
         by_top[top] = pk
         sources_of[top] = srcs
     # Kernels without a placement of their own take the banks after those the others use.
     used = [int(m) for pk in by_top.values() for b in pk.banks.values() for v in b.values() for m in re.findall(r"\d+", v)]
-    next_bank = [max(used) + 1 if used and card.memory.kind == "HBM" else 0]
-    for i, (pk, args, n) in enumerate(generic):
-        pk.compute_units, pk.slr, pk.banks = _place(card, i, pk.top, args, n, next_bank)
+    next_bank = max(used) + 1 if used and card.memory.kind == "HBM" else 0
+    for i, (pk, args, n) in enumerate(spread_out):
+        kp, next_bank = spread(card, pk.top, args, n, index=i, first_bank=next_bank)
+        pk.compute_units, pk.slr, pk.banks = list(kp.compute_units), dict(kp.slr), {cu: dict(b) for cu, b in kp.banks.items()}
     project.kernels = list(by_top.values())
     for top, srcs in sources_of.items():
         d = root / "src" / top

@@ -1,25 +1,29 @@
-"""Connectivity config (``v++ --config``) that spreads embedding tables over HBM/DDR banks.
+"""Bank placement and the connectivity config (``v++ --config``) that records it.
 
-Each table is its own m_axi port (see :func:`offload.hls.embedding.table_bundle`), so each can sit
-in its own memory bank and the lookups of different tables proceed in parallel. Placement:
+A kernel kind that knows where its buffers belong says so through ``HlsKind.placement`` (the
+embedding kind: :func:`offload.hls.embedding.placement`, which spreads tables over HBM/DDR banks
+with :func:`place`); any other kind is spread evenly by :func:`spread`. :func:`kernel_connectivity`
+and the Vitis project writer (:mod:`offload.hls.build`) both ask the kind, and :func:`render`
+writes the ``[connectivity]`` section from the answers.
 
-1. Tables larger than one bank (HBM only: a pseudo-channel holds ``capacity / 32``) take a run of
+:func:`place` rules (each item is one m_axi port, so each can sit in its own bank and the ports
+proceed in parallel):
+
+1. Items larger than one bank (HBM only: a pseudo-channel holds ``capacity / 32``) take a run of
    whole, still-empty neighbouring pseudo-channels ``HBM[a:b]``, largest first, at the lowest run
-   with the least traffic. DDR banks are not contiguous address ranges for one port, so a table
+   with the least traffic. DDR banks are not contiguous address ranges for one port, so an item
    larger than a DDR bank is an error.
 2. The rest go greedily, largest expected traffic first (ties: larger, then name), onto the bank
    with the least traffic so far that still has room (ties: lowest bank number).
-3. The per-call buffers (indices, offsets, weights, out) share one small port on the bank with
-   the least traffic left.
 
-Deterministic: the same tables give the same file. :class:`~offload.sim.errors.InputError` (a
-``ValueError``) if the tables do not fit. Bank counts, sizes and SLRs come from
+Deterministic: the same items give the same banks. :class:`~offload.sim.errors.InputError` (a
+``ValueError``) if they do not fit. Bank counts, sizes and SLRs come from
 :data:`offload.hls.cards.CARDS`.
 
 Example::
 
-    from offload.hls.connectivity import embedding_connectivity
-    text = embedding_connectivity(spec, "u55c")           # write as link.cfg, pass to v++ --config
+    from offload.hls.connectivity import kernel_connectivity
+    text = kernel_connectivity(spec, "u55c", compute_units=2)   # write as link.cfg, pass to v++ --config
 """
 
 from __future__ import annotations
@@ -29,11 +33,10 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from offload.hls.cards import Card, get_card
-from offload.hls.embedding import IO_BUNDLE, table_bundle, top_name
-from offload.kernels.embedding import EmbeddingSpec
+from offload.hls.registry import KernelArg, KernelPlacement, get_hls_kind
 from offload.sim.errors import InputError
 
-__all__ = ["Item", "Placement", "place", "embedding_connectivity"]
+__all__ = ["Item", "Placement", "place", "spread", "render", "kernel_connectivity"]
 
 
 @dataclass(frozen=True)
@@ -94,56 +97,62 @@ def place(items: Sequence[Item], card: str | Card) -> dict[str, Placement]:
     return out
 
 
-def embedding_connectivity(
-    spec: EmbeddingSpec,
-    card: str | Card,
-    *,
-    traffic: Mapping[str, float] | None = None,
-    compute_units: int = 1,
-) -> str:
-    """The ``[connectivity]`` section for one embedding kernel on ``card``'s memory.
+def spread(card: str | Card, top: str, args: Sequence[KernelArg], compute_units: int, *, index: int = 0, first_bank: int = 0) -> tuple[KernelPlacement, int]:
+    """The even placement of a kernel without one of its own: ``(placement, next free HBM bank)``.
 
-    ``traffic`` maps a table name to its expected lookups per sample (default 1); a table's traffic
-    is that times its row bytes. Each compute unit gets its own copy of the tables' ports mapped
-    identically (they share the resident tables).
+    Every m_axi bundle of every CU gets its own HBM bank from ``first_bank`` on while banks last
+    (bandwidth: one pseudo-channel per port), then banks are reused round-robin; CUs alternate
+    over SLR0/SLR1, the SLRs nearest the HBM. On DDR cards each CU takes one bank, starting at
+    ``index`` (the kernel's position among the spread ones), and the SLR that bank hangs off.
     """
     card = get_card(card)
-    p = card.memory
-    traffic = dict(traffic or {})
-    unknown = set(traffic) - {t.name for t in spec.tables}
-    if unknown:
-        raise InputError(f"traffic: unknown tables {sorted(unknown)}")
-    # Tables sharing a bundle share a port, hence a bank: place bundles, not tables.
-    groups: dict[str, list[int]] = {}
-    for t in range(spec.num_tables):
-        groups.setdefault(table_bundle(spec, t), []).append(t)
-    items = []
-    for bundle, ts in groups.items():
-        nbytes = sum(spec.tables[t].bytes() for t in ts)
-        tr = sum(traffic.get(spec.tables[t].name, 1.0) * spec.tables[t].bytes() / spec.tables[t].num_rows for t in ts)
-        items.append(Item(bundle, nbytes, tr))
-    placed = place(items, card)
-    load = [0.0] * p.banks
-    for it in items:
-        pl = placed[it.name]
-        for b in range(pl.first, pl.last + 1):
-            load[b] += it.traffic / (pl.last - pl.first + 1)
-    io_bank = min(range(p.banks), key=lambda b: (load[b], b))
+    mem = card.memory
+    cus = tuple(f"{top}_{i + 1}" for i in range(compute_units))
+    ports = [a for a in args if a.role != "scalar"]
+    slr: dict[str, str] = {}
+    banks: dict[str, dict[str, str]] = {}
+    next_bank = first_bank
+    for ci, cu in enumerate(cus):
+        if mem.kind == "DDR":
+            b = (index + ci) % mem.banks
+            slr[cu] = f"SLR{mem.slr_of_bank[b]}"
+            banks[cu] = {a.name: f"DDR[{b}]" for a in ports}
+        else:
+            slr[cu] = f"SLR{(index + ci) % min(2, card.slrs)}"
+            by_bundle: dict[str, str] = {}
+            for a in ports:
+                key = a.bundle or a.name
+                if key not in by_bundle:
+                    by_bundle[key] = f"HBM[{next_bank % mem.banks}]"
+                    next_bank += 1
+            banks[cu] = {a.name: by_bundle[a.bundle or a.name] for a in ports}
+    return KernelPlacement(cus, slr, banks), next_bank
 
-    top = top_name(spec)
-    lines = ["# Generated by offload.hls.connectivity; do not edit.", f"# platform {card.name}: {p.banks} x {p.kind}", "[connectivity]"]
-    cus = [f"{top}_{i + 1}" for i in range(compute_units)]
-    lines.append(f"nk={top}:{compute_units}")  # v++ names them top_1..top_N, as cus above (UG1702)
-    for cu in cus:
-        for t, ts in enumerate(spec.tables):
-            bank = placed[table_bundle(spec, t)].spelling(p.kind)
-            lines.append(f"sp={cu}.table{t}:{bank}")
-            if ts.rowwise:
-                lines.append(f"sp={cu}.params{t}:{bank}")
-        for arg in ("indices", "offsets", "per_sample_weights", "out"):
-            lines.append(f"sp={cu}.{arg}:{p.kind}[{io_bank}]")
-        # Next to the bank it reads most (on U250 each DDR bank hangs off its own SLR).
-        busiest = max(range(p.banks), key=lambda b: (load[b], -b))
-        lines.append(f"slr={cu}:SLR{p.slr_of_bank[busiest]}")
-    lines.append(f"# io bundle {IO_BUNDLE} -> {p.kind}[{io_bank}]")
-    return "\n".join(lines) + "\n"
+
+def render(placements: Mapping[str, KernelPlacement]) -> list[str]:
+    """The ``[connectivity]`` lines for top function -> placement: every ``nk``, then ``sp``, then ``slr``."""
+    # nk=<kernel>:<count> names the CUs <kernel>_1..<kernel>_<count>, the names used here;
+    # the period-separated name list is not in the v++ 2024.2+ documentation (UG1702).
+    lines = ["[connectivity]"]
+    lines += [f"nk={top}:{len(kp.compute_units)}" for top, kp in placements.items()]
+    lines += [f"sp={cu}.{arg}:{bank}" for kp in placements.values() for cu in kp.compute_units for arg, bank in kp.banks[cu].items()]
+    lines += [f"slr={cu}:{kp.slr[cu]}" for kp in placements.values() for cu in kp.compute_units]
+    return lines
+
+
+def kernel_connectivity(spec, card: str | Card, *, traffic: Mapping[str, float] | None = None, compute_units: int = 1) -> str:
+    """The ``[connectivity]`` section for one kernel on ``card``: where its kind places it.
+
+    ``traffic`` is the kind's placement hint (embedding: expected lookups per sample by table
+    name, default 1 each); a kind without a placement of its own takes none.
+    """
+    card = get_card(card)
+    hk = get_hls_kind(spec.kind)
+    if hk.placement is not None:
+        kp = hk.placement(spec, card, compute_units, traffic)
+    elif traffic:
+        raise InputError(f"traffic: the {spec.kind} kind takes no placement hint")
+    else:
+        kp, _ = spread(card, hk.top_name(spec), hk.top_args(spec), compute_units)
+    head = ["# Generated by offload.hls.connectivity; do not edit.", f"# platform {card.name}: {card.memory.banks} x {card.memory.kind}"]
+    return "\n".join(head + render({hk.top_name(spec): kp})) + "\n"

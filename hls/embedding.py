@@ -19,6 +19,7 @@ Example::
     from offload.hls.registry import get_hls_kind
     hk = get_hls_kind("embedding")
     srcs = hk.sources(spec); args = hk.top_args(spec)
+    where = hk.placement(spec, "u55c", 1, {"item": 20.0})   # tables over HBM banks by size and traffic
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from offload.hls.registry import HlsKind, KernelArg, register_hls_kind
+from offload.hls.cards import Card, get_card
+from offload.hls.connectivity import Item, place
+from offload.hls.registry import HlsKind, KernelArg, KernelPlacement, register_hls_kind
 from offload.kernels.embedding import EmbeddingSpec, TableSpec, container_dtype
 from offload.sim.fixed import FixedType
-from offload.sim.errors import FormatError
+from offload.sim.errors import FormatError, InputError
 
-__all__ = ["top_name", "sources", "top_args", "pack_resident", "pack_inputs", "unpack_outputs", "table_bundle", "HLS_KIND"]
+__all__ = ["top_name", "sources", "top_args", "pack_resident", "pack_inputs", "unpack_outputs", "placement", "table_bundle", "HLS_KIND"]
 
 _MODES = {"sum": 0, "mean": 1, "max": 2}
 _CTYPE = {
@@ -257,4 +260,42 @@ def unpack_outputs(spec: EmbeddingSpec, inputs: Mapping[str, np.ndarray], buffer
     return {"out": out.astype(np.int64)}
 
 
-HLS_KIND = register_hls_kind(HlsKind("embedding", top_name, sources, top_args, pack_resident, pack_inputs, unpack_outputs))
+def placement(spec: EmbeddingSpec, card: str | Card, compute_units: int = 1, traffic: Mapping[str, float] | None = None) -> KernelPlacement:
+    """Each table bundle in its own bank (or run of HBM banks), by size and traffic (:func:`offload.hls.connectivity.place`).
+
+    ``traffic`` maps a table name to its expected lookups per sample (default 1); a bundle's
+    traffic is that times its tables' row bytes. The per-call buffers (indices, offsets, weights,
+    out) share one small port on the bank with the least traffic left, and every CU sits on the
+    SLR next to the bank it reads most (on U250 each DDR bank hangs off its own SLR). Each compute
+    unit gets the same banks: they share the resident tables.
+    """
+    card = get_card(card)
+    mem = card.memory
+    traffic = dict(traffic or {})
+    unknown = set(traffic) - {t.name for t in spec.tables}
+    if unknown:
+        raise InputError(f"traffic: unknown tables {sorted(unknown)}")
+    # Tables sharing a bundle share a port, hence a bank: place bundles, not tables.
+    groups: dict[str, list[int]] = {}
+    for t in range(spec.num_tables):
+        groups.setdefault(table_bundle(spec, t), []).append(t)
+    items = []
+    for bundle, ts in groups.items():
+        nbytes = sum(spec.tables[t].bytes() for t in ts)
+        tr = sum(traffic.get(spec.tables[t].name, 1.0) * spec.tables[t].bytes() / spec.tables[t].num_rows for t in ts)
+        items.append(Item(bundle, nbytes, tr))
+    placed = place(items, card)
+    load = [0.0] * mem.banks
+    for it in items:
+        pl = placed[it.name]
+        for b in range(pl.first, pl.last + 1):
+            load[b] += it.traffic / (pl.last - pl.first + 1)
+    io_bank = f"{mem.kind}[{min(range(mem.banks), key=lambda b: (load[b], b))}]"
+    busiest = max(range(mem.banks), key=lambda b: (load[b], -b))
+    ports = {a.name: (placed[a.bundle].spelling(mem.kind) if a.role == "resident" else io_bank) for a in top_args(spec) if a.role != "scalar"}
+    top = top_name(spec)
+    cus = tuple(f"{top}_{i + 1}" for i in range(compute_units))
+    return KernelPlacement(cus, {cu: f"SLR{mem.slr_of_bank[busiest]}" for cu in cus}, {cu: dict(ports) for cu in cus})
+
+
+HLS_KIND = register_hls_kind(HlsKind("embedding", top_name, sources, top_args, pack_resident, pack_inputs, unpack_outputs, placement))

@@ -13,6 +13,7 @@ Example::
     hk = get_hls_kind("embedding")
     srcs = hk.sources(spec)                 # {"offload_embedding.cpp": "...", ...}
     args = hk.top_args(spec)                # [KernelArg("table0", "resident", np.int16), ...]
+    where = hk.placement(spec, "u55c", 2, None)  # KernelPlacement: CUs, SLR, bank of every argument
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from offload.hls.cards import Card
 from offload.kernels.registry import Registry
 
-__all__ = ["KernelArg", "HlsKind", "HLS_KINDS", "register_hls_kind", "get_hls_kind"]
+__all__ = ["KernelArg", "KernelPlacement", "HlsKind", "HLS_KINDS", "register_hls_kind", "get_hls_kind"]
 
 Role = Literal["resident", "input", "output", "scalar"]
 
@@ -46,6 +48,26 @@ class KernelArg:
 
 
 @dataclass(frozen=True)
+class KernelPlacement:
+    """Where one kernel's compute units and buffers go on a card: v++'s ``nk``, ``sp`` and ``slr``.
+
+    ``compute_units``: CU names in order (v++ names them ``<top>_1`` .. ``<top>_N``); ``slr``: CU ->
+    ``"SLRn"``; ``banks``: CU -> pointer argument -> bank (``"HBM[3]"``, ``"HBM[0:1]"``, ``"DDR[1]"``).
+
+    Example::
+
+        KernelPlacement(("top_1",), {"top_1": "SLR0"}, {"top_1": {"table0": "HBM[0]", "out": "HBM[1]"}})
+    """
+
+    compute_units: tuple[str, ...]
+    slr: Mapping[str, str]
+    banks: Mapping[str, Mapping[str, str]]
+
+
+Placer = Callable[[Any, "str | Card", int, "Mapping[str, float] | None"], KernelPlacement]
+
+
+@dataclass(frozen=True)
 class HlsKind:
     """How one kernel kind is generated and marshalled.
 
@@ -57,6 +79,10 @@ class HlsKind:
       args, and the *shapes* to allocate for ``output`` args (as zero arrays).
     - ``unpack_outputs(spec, inputs, buffers)``: output buffers -> the kind's output dict, the same
       dict the sim reference returns.
+    - ``placement(spec, card, compute_units, traffic)``: where the kind's buffers go on ``card``
+      (:class:`KernelPlacement`), for a kind that knows better than an even spread (embedding
+      tables by size and traffic; ``traffic`` is the kind's own hint, ``None`` for its default);
+      ``None``: :func:`offload.hls.connectivity.spread` places it.
     """
 
     name: str
@@ -66,6 +92,7 @@ class HlsKind:
     pack_resident: Callable[[Any, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
     pack_inputs: Callable[[Any, Mapping[str, np.ndarray]], dict[str, Any]]
     unpack_outputs: Callable[[Any, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+    placement: Placer | None = None
 
 
 HLS_KINDS: Registry[HlsKind] = Registry("HLS generator for kernel kind")

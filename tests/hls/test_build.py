@@ -111,12 +111,12 @@ def _mlp_kernel():
 
 
 def test_embedding_placement_comes_from_its_connectivity_generator(tmp_path):
-    from offload.hls.connectivity import embedding_connectivity
+    from offload.hls.connectivity import kernel_connectivity
 
     emb, mlp = _embedding_kernel(), _mlp_kernel()
     proj = hb.write_project(Bundle("m", {"mlp": mlp, "emb": emb}), "u55c", tmp_path / "prj", compute_units=2)
     cfg = (proj.root / "connectivity.cfg").read_text().splitlines()
-    theirs = [ln for ln in embedding_connectivity(emb.spec, "u55c", compute_units=2).splitlines() if ln.startswith(("sp=", "slr=", "nk="))]
+    theirs = [ln for ln in kernel_connectivity(emb.spec, "u55c", compute_units=2).splitlines() if ln.startswith(("sp=", "slr=", "nk="))]
     assert set(theirs) <= set(cfg)
     bank = re.compile(r"HBM\[(\d+)\]")
     emb_top = get_hls_kind("embedding").top_name(emb.spec)

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from offload.hls.cards import CARDS
-from offload.hls.connectivity import Item, place, embedding_connectivity
+from offload.hls.connectivity import Item, place, kernel_connectivity
 from offload.hls.embedding import top_name
 from offload.kernels.embedding import TableSpec, make_spec
 
@@ -73,8 +73,8 @@ def test_deterministic_and_connectivity_text():
     spec = make_spec([TableSpec("user", 1_000_000, 64, "ap_fixed<16,6>"),
                       TableSpec("item", 5_000_000, 32, "int8_rowwise", "ap_fixed<24,4>"),
                       TableSpec("ctx", 1000, 8, "ap_fixed<8,3>")], mode="sum")
-    a = embedding_connectivity(spec, "u55c", traffic={"user": 1, "item": 20, "ctx": 3}, compute_units=2)
-    b = embedding_connectivity(spec, "u55c", traffic={"user": 1, "item": 20, "ctx": 3}, compute_units=2)
+    a = kernel_connectivity(spec, "u55c", traffic={"user": 1, "item": 20, "ctx": 3}, compute_units=2)
+    b = kernel_connectivity(spec, "u55c", traffic={"user": 1, "item": 20, "ctx": 3}, compute_units=2)
     assert a == b
     top = top_name(spec)
     assert f"nk={top}:2" in a.splitlines() and f"nk={top}:2:" not in a
@@ -86,7 +86,7 @@ def test_deterministic_and_connectivity_text():
         assert f"slr={cu}:SLR0" in a
     # three tables, three different pseudo-channels
     assert len({sps[f"{top}_1.table{t}"] for t in range(3)}) == 3
-    ddr = embedding_connectivity(spec, "u250")
+    ddr = kernel_connectivity(spec, "u250")
     assert re.search(r"sp=\S+\.table0:DDR\[[0-3]\]", ddr)
     with pytest.raises(ValueError, match="unknown tables"):
-        embedding_connectivity(spec, "u55c", traffic={"nope": 1})
+        kernel_connectivity(spec, "u55c", traffic={"nope": 1})

@@ -1,4 +1,4 @@
-"""What embedding_connectivity feeds the placer, checked from the outside: a table's traffic is
+"""What kernel_connectivity feeds the placer, checked from the outside: a table's traffic is
 its lookups per sample (default 1) times its row bytes, the same bank's share of a spanning table's
 traffic counts once, and the keyword-only options stay keyword-only. Killed mutants found by the
 cosmic-ray run recorded in TESTING.md."""
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from offload.hls.connectivity import Item, Placement, embedding_connectivity, place
+from offload.hls.connectivity import Item, Placement, kernel_connectivity, place
 from offload.kernels.embedding import TableSpec, make_spec
 
 
@@ -25,11 +25,11 @@ def test_default_traffic_is_one_lookup_times_row_bytes():
     # would go to the larger table, b.
     spec = make_spec([TableSpec("a", 100, 64, "ap_fixed<16,6>"), TableSpec("b", 10000, 8, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
     assert spec.tables[0].bytes() == 100 * 128 and spec.tables[1].bytes() == 10000 * 16
-    text = embedding_connectivity(spec, "u250")
+    text = kernel_connectivity(spec, "u250")
     assert _table_banks(text) == {0: "DDR[0]", 1: "DDR[1]"}
     # And the other way round: a with more rows and wider rows is the busier of the two.
     spec = make_spec([TableSpec("a", 1000, 64, "ap_fixed<16,6>"), TableSpec("b", 10, 8, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
-    assert _table_banks(embedding_connectivity(spec, "u250")) == {0: "DDR[0]", 1: "DDR[1]"}
+    assert _table_banks(kernel_connectivity(spec, "u250")) == {0: "DDR[0]", 1: "DDR[1]"}
 
 
 def test_fractional_traffic_is_not_rounded():
@@ -37,14 +37,14 @@ def test_fractional_traffic_is_not_rounded():
     # 8.03 * 16 down to 128 would tie, and the tie goes to the larger table, a (256 000 B > 160 000 B).
     spec = make_spec([TableSpec("a", 2000, 64, "ap_fixed<16,6>"), TableSpec("b", 10000, 8, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
     assert spec.tables[0].bytes() > spec.tables[1].bytes()
-    text = embedding_connectivity(spec, "u250", traffic={"b": 8.03})
+    text = kernel_connectivity(spec, "u250", traffic={"b": 8.03})
     assert _table_banks(text) == {0: "DDR[1]", 1: "DDR[0]"}
 
 
 def test_traffic_and_compute_units_are_keyword_only():
     spec = make_spec([TableSpec("a", 10, 4, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
     with pytest.raises(TypeError):
-        embedding_connectivity(spec, "u250", {"a": 2.0})
+        kernel_connectivity(spec, "u250", {"a": 2.0})
 
 
 def test_items_and_placements_are_immutable_values():
@@ -90,6 +90,6 @@ def test_the_kernel_sits_next_to_the_lowest_of_equally_busy_banks():
     slr_of_bank = get_card("u250").memory.slr_of_bank
     assert slr_of_bank[0] != slr_of_bank[1]
     spec = make_spec([TableSpec("a", 100, 16, "ap_fixed<16,6>"), TableSpec("b", 100, 16, "ap_fixed<16,6>")], mode="sum", max_bag_size=8)
-    text = embedding_connectivity(spec, "u250")
+    text = kernel_connectivity(spec, "u250")
     assert _table_banks(text) == {0: "DDR[0]", 1: "DDR[1]"}
     assert re.findall(r"slr=\S+:SLR(\d+)", text) == [str(slr_of_bank[0])]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from offload.hls.connectivity import Item, embedding_connectivity, place
+from offload.hls.connectivity import Item, kernel_connectivity, place
 from offload.kernels.embedding import TableSpec, make_spec
 
 GiB = 1 << 30
@@ -49,7 +49,7 @@ def test_per_call_buffers_go_to_the_bank_with_the_least_table_traffic():
     # (read and written on every call) belong there, away from the busiest bank.
     tables = [TableSpec(f"t{i}", 1000, 16, "ap_fixed<16,6>") for i in range(3)]
     spec = make_spec(tables, mode="sum", max_bag_size=8)
-    text = embedding_connectivity(spec, "u250", traffic={"t0": 100.0, "t1": 10.0, "t2": 1.0})
+    text = kernel_connectivity(spec, "u250", traffic={"t0": 100.0, "t1": 10.0, "t2": 1.0})
     banks = _table_banks(text)
     assert len(set(banks.values())) == 3
     io = _io_bank(text)
@@ -60,7 +60,7 @@ def test_per_call_buffers_avoid_the_busiest_bank_when_every_bank_holds_a_table()
     tables = [TableSpec(f"t{i}", 1000, 16, "ap_fixed<16,6>") for i in range(4)]
     spec = make_spec(tables, mode="sum", max_bag_size=8)
     traffic = {"t0": 1.0, "t1": 50.0, "t2": 100.0, "t3": 20.0}
-    text = embedding_connectivity(spec, "u250", traffic=traffic)
+    text = kernel_connectivity(spec, "u250", traffic=traffic)
     banks = _table_banks(text)
     io = _io_bank(text)
     quietest = banks[str(min(range(4), key=lambda t: traffic[f"t{t}"]))]

@@ -78,12 +78,12 @@ def test_vitis_hls_env_may_name_vitis_run(tmp_path, monkeypatch):
 def test_connectivity_uses_the_documented_nk_form(tmp_path):
     """v++ 2024.2+ documents nk=<kernel>:<count> (CUs <kernel>_1..N); the period-separated name list is not."""
     from offload.hls.build import write_project
-    from offload.hls.connectivity import embedding_connectivity
+    from offload.hls.connectivity import kernel_connectivity
     from offload.host.bundle import load, save
 
     e = entries("emb/sum/ap_fixed16_6/d16/bag20/t1")[0].build().kernel
     top = get_hls_kind(e.kind).top_name(e.spec)
-    cfg = embedding_connectivity(e.spec, "u55c", compute_units=3)
+    cfg = kernel_connectivity(e.spec, "u55c", compute_units=3)
     nk = [ln for ln in cfg.splitlines() if ln.startswith("nk=")]
     assert nk == [f"nk={top}:3"]
     assert {f"{top}_{i}" for i in (1, 2, 3)} <= set(re.findall(r"^sp=(\w+)\.", cfg, re.MULTILINE))
