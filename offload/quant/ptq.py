@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -218,12 +218,14 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _run(layers, input_type, types, x, strategy=LATENCY):
+    """Every layer's output under ``types`` as floats, from the bit-exact simulator."""
     sim_layers, consts = build_layers(layers, types, input_type=input_type, strategy=strategy)
     _, steps = forward(input_type, sim_layers, consts, x, trace=True)
     return [(name, t.to_float(raw), t) for name, raw, t in steps]
 
 
 def _metric(y_fixed, y_float, labels):
+    """The end-to-end error: AUC drop with labels, else max absolute score error."""
     if labels is not None:
         return auc(labels, y_float[:, 0]) - auc(labels, y_fixed[:, 0])
     return float(np.max(np.abs(y_fixed - y_float))) if y_fixed.size else 0.0
@@ -291,6 +293,9 @@ class _Plan:
 
 
 def _plan(layers, x, flo) -> _Plan:
+    """Integer bits and signedness of every value from the calibration ranges: one bit of headroom on
+    the input and the results, weights and parameters from their own maxima, fixed ranges for
+    sigmoid and tanh."""
     in_i = _int_bits(float(np.abs(x).max()), True) + 1
     res, par = [], []
     for fl, f in zip(layers, flo):
@@ -317,6 +322,7 @@ def _plan(layers, x, flo) -> _Plan:
 
 
 def _types_for(layers, plan: _Plan, f_in: int, f_par: list[int], f_res: list[int], table_size: int) -> tuple[str, dict]:
+    """The ap_types of the input and of every layer for given fraction bits, integer bits from ``plan``."""
     input_type = _fx(plan.in_i, f_in)
     types: dict[str, dict] = {}
     prev = FixedType.parse(input_type)
@@ -365,6 +371,151 @@ def _widest_valid(layers, plan: _Plan, table_size: int, n_features: int, strateg
     raise InputError("quantization: the calibration ranges need more than 62 bits in some layer")
 
 
+@dataclass(frozen=True)
+class _Fractions:
+    """The search variables: fraction bits of the input, of each layer's parameters and of its result."""
+
+    inp: int
+    par: tuple[int, ...]
+    res: tuple[int, ...]
+
+    @classmethod
+    def uniform(cls, f: int, n: int) -> _Fractions:
+        return cls(f, (f,) * n, (f,) * n)
+
+    def get(self, kind: str, k: int) -> int:
+        return self.inp if kind == "in" else getattr(self, kind)[k]
+
+    def with_(self, kind: str, k: int, f: int) -> _Fractions:
+        if kind == "in":
+            return replace(self, inp=f)
+        bits = list(getattr(self, kind))
+        bits[k] = f
+        return replace(self, **{kind: tuple(bits)})
+
+    def types(self, layers, plan: _Plan, table_size: int) -> tuple[str, dict]:
+        return _types_for(layers, plan, self.inp, list(self.par), list(self.res), table_size)
+
+
+@dataclass
+class _Constraints:
+    """The search's test of a candidate: every output's cosine to the float model (the input's
+    included) at least ``cos_threshold``, and the end-to-end metric within ``budget``, simulated
+    bit-exactly on the calibration rows. Counts its evaluations for the report."""
+
+    layers: Sequence[FloatLayer]
+    plan: _Plan
+    x: np.ndarray
+    flo: list[np.ndarray]
+    labels: np.ndarray | None
+    cos_threshold: float
+    budget: float
+    strategy: str
+    evaluations: int = 0
+
+    def met(self, fr: _Fractions, table_size: int) -> bool:
+        self.evaluations += 1
+        it, ty = fr.types(self.layers, self.plan, table_size)
+        steps = _run(self.layers, it, ty, self.x, self.strategy)
+        if _cosine(steps[0][1], self.x) < self.cos_threshold:
+            return False
+        for f, (_, fx, _) in zip(self.flo, steps[1:]):
+            if _cosine(fx, f) < self.cos_threshold:
+                return False
+        return _metric(steps[-1][1], self.flo[-1], self.labels) <= self.budget
+
+
+def _calibration_rows(x: np.ndarray, labels, max_rows: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Check the labels and keep at most ``max_rows`` rows (a fixed subsample: the search
+    must be reproducible)."""
+    if labels is not None and len(labels) != len(x):
+        raise ValueError(f"labels has {len(labels)} rows, calib has {len(x)}")
+    if len(x) <= max_rows:
+        return x, labels
+    idx = np.random.default_rng(0).choice(len(x), max_rows, replace=False)
+    idx.sort()
+    return x[idx], (None if labels is None else labels[idx])
+
+
+def _default_budget(y_float: np.ndarray, labels) -> float:
+    """An AUC drop of 0.002 with labels, else 0.01 x max(1, range of the float outputs) as
+    max absolute error."""
+    if labels is not None:
+        return 0.002
+    return 0.01 * max(1.0, float(np.ptp(y_float)) if y_float.size else 1.0)
+
+
+def _fit_tables(layers, meets: _Constraints, widest: _Fractions, table_size: int) -> tuple[int, bool]:
+    """Whether the widest types meet the constraints, doubling the lookup tables (up to
+    ``_MAX_TABLE``) while they do not; returns ``(table_size, feasible)``."""
+    feasible = meets.met(widest, table_size)
+    has_tables = any(fl.op in ("sigmoid", "tanh") for fl in layers)
+    while not feasible and has_tables and table_size < _MAX_TABLE:
+        # The lookup tables' step (16 / table_size for sigmoid) bounds the error whatever the
+        # types: sensitive models get finer tables.
+        table_size *= 2
+        feasible = meets.met(widest, table_size)
+    return table_size, feasible
+
+
+def _search_order(layers, plan: _Plan) -> list[tuple[str, int]]:
+    """The search variables, most expensive first: weights of big layers, then results, then the input."""
+    n = len(layers)
+    variables: list[tuple[float, str, int]] = []
+    for k, fl in enumerate(layers):
+        if plan.par[k] and fl.op in ("dense", "batchnorm"):
+            variables.append((fl.n_in * fl.n_out, "par", k))
+        variables.append((fl.n_out * (layers[k + 1].n_out if k + 1 < n and layers[k + 1].op == "dense" else 1), "res", k))
+    variables.append((layers[0].n_in * layers[0].n_out, "in", -1))
+    variables.sort(key=lambda v: -v[0])
+    return [(kind, k) for _, kind, k in variables]
+
+
+def _lowest_feasible(meets: _Constraints, fr: _Fractions, kind: str, k: int, table_size: int) -> int:
+    """The fewest fraction bits of one variable that still meet the constraints, the others held,
+    by bisection between ``_F_MIN`` and its current (feasible) value."""
+    lo, hi = _F_MIN, fr.get(kind, k)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if meets.met(fr.with_(kind, k, mid), table_size):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def _lower_fractions(layers, plan: _Plan, meets: _Constraints, widest: _Fractions, table_size: int) -> _Fractions:
+    """Greedy descent from the widest feasible types, each variable in turn lowered as far as
+    the constraints allow; a second pass only if the first changed something."""
+    fr = widest
+    order = _search_order(layers, plan)
+    for _ in range(2):
+        changed = False
+        for kind, k in order:
+            f = _lowest_feasible(meets, fr, kind, k, table_size)
+            if f != fr.get(kind, k):
+                changed = True
+                fr = fr.with_(kind, k, f)
+        if not changed:
+            break
+    return fr
+
+
+def _search_summary(layers, plan: _Plan, meets: _Constraints, widest: _Fractions, input_type: str, types: dict,
+                    table_size: int, feasible: bool, strategy: str) -> dict[str, Any]:
+    """What the report says of the search."""
+    has_tables = any(fl.op in ("sigmoid", "tanh") for fl in layers)
+    return {
+        "evaluations": meets.evaluations,
+        "calibration_rows_searched": int(len(meets.x)),
+        "total_bits": _total_bits(layers, input_type, types),
+        "total_bits_widest": _total_bits(layers, *widest.types(layers, plan, table_size)),
+        "feasible": bool(feasible),
+        "strategy": strategy,
+        "table_size": table_size if has_tables else None,
+    }
+
+
 def choose_precision(
     layers: Sequence[FloatLayer],
     x: np.ndarray,
@@ -385,96 +536,36 @@ def choose_precision(
 
     ``budget`` defaults to 0.01 x max(1, range of the float outputs) as max absolute error, or an
     AUC drop of 0.002 when ``labels`` are given. Returns ``(input_type, types, report)``.
+
+    Example::
+
+        input_type, types, report = choose_precision(layers, X_calib, labels=y_calib)
     """
     x = np.asarray(x, dtype=np.float64)
-    if reference is not None:
+    if reference is not None:  # here, not in a step: the warning names the caller's line
         check_drift(x, reference, threshold=drift_threshold)
-    if labels is not None and len(labels) != len(x):
-        raise ValueError(f"labels has {len(labels)} rows, calib has {len(x)}")
-    if len(x) > max_rows:  # a fixed subsample: the search must be reproducible
-        idx = np.random.default_rng(0).choice(len(x), max_rows, replace=False)
-        idx.sort()
-        xs, ls = x[idx], (None if labels is None else labels[idx])
-    else:
-        xs, ls = x, labels
+    xs, ls = _calibration_rows(x, labels, max_rows)
     flo = float_forward(layers, xs)
     if budget is None:
-        budget = 0.002 if ls is not None else 0.01 * max(1.0, float(np.ptp(flo[-1])) if flo[-1].size else 1.0)
+        budget = _default_budget(flo[-1], ls)
+    # Integer bits from the calibration ranges, then the most fraction bits the datapath holds.
     plan = _plan(layers, xs, flo)
-    n = len(layers)
-    has_par = [bool(plan.par[k]) and layers[k].op in ("dense", "batchnorm") for k in range(n)]
-    f_max = _widest_valid(layers, plan, table_size, xs.shape[1], strategy)
-    state = {"in": f_max, "par": [f_max] * n, "res": [f_max] * n}
-    evals = [0]
-
-    def ok(st) -> bool:
-        evals[0] += 1
-        it, ty = _types_for(layers, plan, st["in"], st["par"], st["res"], table_size)
-        steps = _run(layers, it, ty, xs, strategy)
-        if _cosine(steps[0][1], xs) < cos_threshold:
-            return False
-        for f, (_, fx, _) in zip(flo, steps[1:]):
-            if _cosine(fx, f) < cos_threshold:
-                return False
-        return _metric(steps[-1][1], flo[-1], ls) <= budget
-
-    feasible = ok(state)
-    has_tables = any(fl.op in ("sigmoid", "tanh") for fl in layers)
-    while not feasible and has_tables and table_size < _MAX_TABLE:
-        # The lookup tables' step (16 / table_size for sigmoid) bounds the error whatever the
-        # types: sensitive models get finer tables.
-        table_size *= 2
-        feasible = ok(state)
-    if not feasible:
+    widest = _Fractions.uniform(_widest_valid(layers, plan, table_size, xs.shape[1], strategy), len(layers))
+    meets = _Constraints(layers, plan, xs, flo, ls, cos_threshold, budget, strategy)
+    table_size, feasible = _fit_tables(layers, meets, widest, table_size)
+    if feasible:
+        chosen = _lower_fractions(layers, plan, meets, widest, table_size)
+    else:
         warnings.warn(
-            f"quantization: even {f_max} fraction bits everywhere miss cosine >= {cos_threshold} or the "
+            f"quantization: even {widest.inp} fraction bits everywhere miss cosine >= {cos_threshold} or the "
             f"budget {budget:g}; keeping the widest types",
             QuantizationBudgetWarning,
             stacklevel=3,
         )
-    else:
-        # Variables, most expensive first: weights of big layers, then results, then the input.
-        variables: list[tuple[float, str, int]] = []
-        for k, fl in enumerate(layers):
-            if has_par[k]:
-                variables.append((fl.n_in * fl.n_out, "par", k))
-            variables.append((fl.n_out * (layers[k + 1].n_out if k + 1 < n and layers[k + 1].op == "dense" else 1), "res", k))
-        variables.append((layers[0].n_in * layers[0].n_out, "in", -1))
-        variables.sort(key=lambda v: -v[0])
-        for _ in range(2):
-            changed = False
-            for _, kind, k in variables:
-                cur = state[kind] if kind == "in" else state[kind][k]
-                lo, hi = _F_MIN, cur  # hi is feasible; find the lowest feasible by bisection
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    trial = {"in": state["in"], "par": list(state["par"]), "res": list(state["res"])}
-                    if kind == "in":
-                        trial["in"] = mid
-                    else:
-                        trial[kind][k] = mid
-                    if ok(trial):
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                if hi != cur:
-                    changed = True
-                    if kind == "in":
-                        state["in"] = hi
-                    else:
-                        state[kind][k] = hi
-            if not changed:
-                break
-    input_type, types = _types_for(layers, plan, state["in"], state["par"], state["res"], table_size)
-    search = {
-        "evaluations": evals[0],
-        "calibration_rows_searched": int(len(xs)),
-        "total_bits": _total_bits(layers, input_type, types),
-        "total_bits_widest": _total_bits(layers, *_types_for(layers, plan, f_max, [f_max] * n, [f_max] * n, table_size)),
-        "feasible": bool(feasible),
-        "strategy": strategy,
-        "table_size": table_size if has_tables else None,
-    }
+        chosen = widest
+    # The types of the chosen fraction bits, then the report on every calibration row.
+    input_type, types = chosen.types(layers, plan, table_size)
+    search = _search_summary(layers, plan, meets, widest, input_type, types, table_size, feasible, strategy)
     report = quant_report(layers, input_type, types, x, labels, metric_budget=budget, cos_threshold=cos_threshold, search=search,
                           strategy=strategy)
     return input_type, types, report
