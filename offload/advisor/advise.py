@@ -116,6 +116,7 @@ def _us(s: float) -> str:
 
 
 def _fmt_bits(fmt: str) -> int:
+    """Bits of one table value in ``fmt`` (ValueError for a format the model does not know)."""
     if fmt == "int8_rowwise":
         return 8
     m = re.match(r"\s*ap_u?(?:fixed|int)<\s*(\d+)", fmt)
@@ -125,6 +126,8 @@ def _fmt_bits(fmt: str) -> int:
 
 
 class _InputRecorder(fx.Interpreter):
+    """Runs the graph and keeps the arguments of the nodes in ``firsts``."""
+
     def __init__(self, gm: fx.GraphModule, firsts: dict[str, Candidate]):
         super().__init__(gm)
         self.firsts = firsts
@@ -183,24 +186,41 @@ def _bag_inputs(c: Candidate, args: tuple, kwargs: dict, batch: int, gen: torch.
 
 
 def _rows(x: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
+    """``batch`` rows of ``x`` drawn with replacement."""
     return x[torch.randint(x.shape[0], (batch,), generator=gen).to(x.device)]
 
 
-def _estimate(c: Candidate, args: tuple, kwargs: dict, batch: int, card: Card, fmt: str, reuse_factor: int,
-              repeats: int, budget_s: float, gen: torch.Generator, rtl: Any = None) -> tuple[float, Prediction, str]:
+@dataclass(frozen=True)
+class _Setup:
+    """What every estimate shares: the card, the table format, the MLP's reuse factor, the timing budget."""
+
+    card: Card
+    fmt: str
+    reuse_factor: int
+    repeats: int
+    budget_s: float
+
+
+def _row_bytes(dim: int, fmt: str) -> int:
+    """Bytes of one table row on the card (int8 row-wise rows carry a float scale and bias)."""
+    return max(1, dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0)
+
+
+def _estimate(c: Candidate, args: tuple, kwargs: dict, batch: int, setup: _Setup, gen: torch.Generator,
+              rtl: Any = None) -> tuple[float, Prediction, str]:
+    """One candidate at one batch size: (measured host seconds, card prediction, host device)."""
     m = c.module
+    card = setup.card
     dev = _device_of(m) if not c.functional else m.weight.device
     if c.kind == "embedding_bag":
         call, lookups, _ = _bag_inputs(c, args, kwargs, batch, gen)
         dim = m.embedding_dim
-        row = max(1, dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0)
-        pred = predict_lookup(card, [lookups], [row], batch, dims=[dim], rows_per_table=[m.num_embeddings])
+        pred = predict_lookup(card, [lookups], [_row_bytes(dim, setup.fmt)], batch, dims=[dim], rows_per_table=[m.num_embeddings])
     elif c.kind == "embedding":
         x = _rows(args[0], batch, gen)
         call = lambda: m(x)  # noqa: E731
         dim = m.embedding_dim
-        row = max(1, dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0)
-        pred = predict_lookup(card, [x.numel()], [row], x.numel(), dims=[dim], rows_per_table=[m.num_embeddings])
+        pred = predict_lookup(card, [x.numel()], [_row_bytes(dim, setup.fmt)], x.numel(), dims=[dim], rows_per_table=[m.num_embeddings])
     else:
         x = _rows(args[0], batch, gen)
         call = lambda: m(x)  # noqa: E731
@@ -209,12 +229,13 @@ def _estimate(c: Candidate, args: tuple, kwargs: dict, batch: int, card: Card, f
         if rtl is not None:  # measured: Verilator cycles and Yosys counts of MLP.to_rtl
             pred = predict_mlp(card, sizes, batch, rtl_cycles=rtl.latency_cycles, rtl_resources=rtl.resources)
         else:
-            pred = predict_mlp(card, sizes, batch, reuse_factor=reuse_factor)
-    host = _median_time(call, dev, repeats, budget_s)
+            pred = predict_mlp(card, sizes, batch, reuse_factor=setup.reuse_factor)
+    host = _median_time(call, dev, setup.repeats, setup.budget_s)
     return host, pred, str(dev)
 
 
 def _fits(card: Card, res: dict[str, float]) -> tuple[bool, str]:
+    """Whether ``res`` fits the card's budget, and what goes over it."""
     over = []
     for key, cap in (("DSP", card.dsp), ("BRAM36", card.bram36), ("URAM", card.uram), ("LUT", card.lut), ("HBM_bytes", card.memory_bytes)):
         if res.get(key, 0) > cap:
@@ -223,6 +244,7 @@ def _fits(card: Card, res: dict[str, float]) -> tuple[bool, str]:
 
 
 def _row(name: str, kind: str, shape: str, batch: int, dev: str, host: float, pred: Prediction, card: Card) -> Estimate:
+    """The estimate and its verdict: ``offload`` when it fits and the card is faster, else ``keep``."""
     ok, over = _fits(card, pred.resources)
     card_s = pred.total_s
     if not ok:
@@ -233,6 +255,91 @@ def _row(name: str, kind: str, shape: str, batch: int, dev: str, host: float, pr
         verdict, why = "keep", f"host {_us(host)} <= card {_us(card_s)} ({card_s / host:.1f}x slower on the card)"
     return Estimate(name, kind, shape, batch, dev, host, pred.transfer_s, pred.launch_s, pred.kernel_s,
                     {k: float(pred.resources.get(k, 0)) for k in _RES_KEYS}, ok, verdict, why)
+
+
+def _check_arguments(card: str | Card, batch_sizes: Sequence[int], fmt: str) -> tuple[Card, tuple[int, ...]]:
+    """The card, the batch sizes as positive ints, and a table format the model knows (else ValueError)."""
+    cardv = get_card(card)
+    sizes = tuple(int(b) for b in batch_sizes)
+    if not sizes or any(b < 1 for b in sizes):
+        raise ValueError(f"batch_sizes: expected positive integers, got {list(batch_sizes)}")
+    _fmt_bits(fmt)
+    return cardv, sizes
+
+
+def _record_inputs(gm: fx.GraphModule, cands: list[Candidate], args: tuple) -> dict[str, tuple[tuple, dict]]:
+    """What each candidate receives on the example inputs (by its first node's name); a candidate
+    the example never reaches has no entry."""
+    rec = _InputRecorder(gm, {c.first.name: c for c in cands})
+    with torch.inference_mode():
+        rec.run(*args)
+    return rec.inputs
+
+
+def _rtl_notes(cands: list[Candidate], rtl: Mapping[str, Any]) -> list[str]:
+    """One note per measured RTL summary; ValueError for one that names no MLP candidate or has no cycles."""
+    notes = []
+    for c in cands:
+        r = rtl.get(c.name)
+        if r is not None:
+            if c.kind != "mlp" or r.latency_cycles is None:
+                raise ValueError(f"rtl[{c.name!r}]: needs an MLP candidate and a measured RTL summary (run predict() first)")
+            res = "no Yosys counts" if r.resources is None else ", ".join(f"{k} {r.resources[k]}" for k in ("LUT", "FF", "CARRY", "DSP", "BRAM"))
+            notes.append(f"{c.name}: kernel time from RTL, {r.latency_cycles} cycles measured under Verilator "
+                         f"({r.latency_ns:.1f} ns at {r.clock_mhz:g} MHz); Yosys xcup: {res} (Yosys's mapping is not Vivado's)")
+    unknown = set(rtl) - {c.name for c in cands}
+    if unknown:
+        raise ValueError(f"rtl: no MLP candidate named {sorted(unknown)}; candidates are {[c.name for c in cands]}")
+    return notes
+
+
+def _batched_groups(cands: list[Candidate], inputs: Mapping[str, Any]) -> dict[tuple, list[Candidate]]:
+    """The bags ``offload.offload`` would put in one table-batched call: same dim and mode, plain bags,
+    at least two of them; keyed by (dim, mode)."""
+    groups: dict[tuple, list[Candidate]] = {}
+    for c in cands:
+        if c.kind == "embedding_bag" and c.first.name in inputs and not c.per_sample_weights:
+            groups.setdefault((c.module.embedding_dim, c.bag_mode), []).append(c)
+    return {k: g for k, g in groups.items() if len(g) > 1}
+
+
+def _estimates_at(batch: int, cands: list[Candidate], inputs: Mapping[str, tuple[tuple, dict]], groups: dict[tuple, list[Candidate]],
+                  setup: _Setup, gen: torch.Generator, rtl: Mapping[str, Any]) -> list[Estimate]:
+    """Every reached candidate at one batch size, then one row per batched group: one launch, tables
+    in parallel channels on the card, while the host runs them one after the other."""
+    rows = []
+    acc: dict[tuple, dict[str, Any]] = {k: {"host": 0.0, "lookups": [], "rows": [], "nrows": []} for k in groups}
+    for c in cands:
+        if c.first.name not in inputs:
+            continue
+        a, kw = inputs[c.first.name]
+        host, pred, dev = _estimate(c, a, kw, batch, setup, gen, rtl.get(c.name))
+        rows.append(_row(c.name, c.kind, c.describe(), batch, dev, host, pred, setup.card))
+        key = (c.module.embedding_dim, c.bag_mode) if c.kind == "embedding_bag" else None
+        if key in groups and c in groups[key]:
+            g = acc[key]
+            g["host"] += host
+            g["lookups"].append(_bag_inputs(c, a, kw, batch, gen)[1])
+            g["rows"].append(_row_bytes(c.module.embedding_dim, setup.fmt))
+            g["nrows"].append(c.module.num_embeddings)
+    for (dim, mode), g in acc.items():
+        n = len(groups[(dim, mode)])
+        pred = predict_lookup(setup.card, g["lookups"], g["rows"], batch, dims=[dim] * n, rows_per_table=g["nrows"])
+        label = f"all {n} tables (batched)" if len(groups) == 1 else f"{n} tables dim {dim} {mode} (batched)"
+        rows.append(_row(label, "embedding_bag", ", ".join(c.name for c in groups[(dim, mode)]), batch, "sum of above",
+                         g["host"], pred, setup.card))
+    return rows
+
+
+def _together_note(rows: list[Estimate], card: Card, batch: int) -> str | None:
+    """Whether everything the advisor says to offload at ``batch`` fits on the card together."""
+    chosen = [r for r in rows if r.batch == batch and r.verdict == "offload" and "(batched)" not in r.name]
+    if not chosen:
+        return None
+    total = {k: sum(r.resources[k] for r in chosen) for k in _RES_KEYS}
+    ok, over = _fits(card, total)
+    return (f"at batch {batch}, the {len(chosen)} candidates to offload need together "
+            + ", ".join(f"{k} {total[k]:.0f}" for k in _RES_KEYS) + ("" if ok else f": over the card's budget ({over})"))
 
 
 def advise(
@@ -259,11 +366,7 @@ def advise(
 
         print(offload.advise(model, (idx, off, dense), batch_sizes=(1, 4096), card="u280"))
     """
-    cardv = get_card(card)
-    sizes = tuple(int(b) for b in batch_sizes)
-    if not sizes or any(b < 1 for b in sizes):
-        raise ValueError(f"batch_sizes: expected positive integers, got {list(batch_sizes)}")
-    _fmt_bits(fmt)
+    cardv, sizes = _check_arguments(card, batch_sizes, fmt)
     advice = Advice(cardv, sizes)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     try:
@@ -272,59 +375,17 @@ def advise(
         advice.notes.append(f"model not traceable by torch.fx ({type(e).__name__}): nothing to advise")
         return advice
     cands, skipped = find_candidates(gm, tuple(ops))
-    for s in skipped:
-        advice.notes.append(f"{s.node.name}: {s.reason}")
-    rec = _InputRecorder(gm, {c.first.name: c for c in cands})
-    with torch.inference_mode():
-        rec.run(*args)
-    gen = torch.Generator().manual_seed(seed)
+    advice.notes.extend(f"{s.node.name}: {s.reason}" for s in skipped)
+    inputs = _record_inputs(gm, cands, args)
     rtl = dict(rtl or {})
-    for c in cands:
-        r = rtl.get(c.name)
-        if r is not None:
-            if c.kind != "mlp" or r.latency_cycles is None:
-                raise ValueError(f"rtl[{c.name!r}]: needs an MLP candidate and a measured RTL summary (run predict() first)")
-            res = "no Yosys counts" if r.resources is None else ", ".join(f"{k} {r.resources[k]}" for k in ("LUT", "FF", "CARRY", "DSP", "BRAM"))
-            advice.notes.append(f"{c.name}: kernel time from RTL, {r.latency_cycles} cycles measured under Verilator "
-                                f"({r.latency_ns:.1f} ns at {r.clock_mhz:g} MHz); Yosys xcup: {res} (Yosys's mapping is not Vivado's)")
-    unknown = set(rtl) - {c.name for c in cands}
-    if unknown:
-        raise ValueError(f"rtl: no MLP candidate named {sorted(unknown)}; candidates are {[c.name for c in cands]}")
-    # Bags offload.offload would put in one table-batched call: same dim and mode, plain bags.
-    groups: dict[tuple, list[Candidate]] = {}
-    for c in cands:
-        if c.kind == "embedding_bag" and c.first.name in rec.inputs and not c.per_sample_weights:
-            groups.setdefault((c.module.embedding_dim, c.bag_mode), []).append(c)
-    groups = {k: g for k, g in groups.items() if len(g) > 1}
+    advice.notes.extend(_rtl_notes(cands, rtl))
+    groups = _batched_groups(cands, inputs)
+    setup = _Setup(cardv, fmt, reuse_factor, repeats, budget_s)
+    gen = torch.Generator().manual_seed(seed)
     for b in sizes:
-        acc: dict[tuple, dict[str, Any]] = {k: {"host": 0.0, "lookups": [], "rows": [], "nrows": []} for k in groups}
-        for c in cands:
-            if c.first.name not in rec.inputs:
-                continue
-            a, kw = rec.inputs[c.first.name]
-            host, pred, dev = _estimate(c, a, kw, b, cardv, fmt, reuse_factor, repeats, budget_s, gen, rtl.get(c.name))
-            advice.rows.append(_row(c.name, c.kind, c.describe(), b, dev, host, pred, cardv))
-            key = (c.module.embedding_dim, c.bag_mode) if c.kind == "embedding_bag" else None
-            if key in groups and c in groups[key]:
-                g = acc[key]
-                g["host"] += host
-                g["lookups"].append(_bag_inputs(c, a, kw, b, gen)[1])
-                g["rows"].append(max(1, c.module.embedding_dim * _fmt_bits(fmt) // 8) + (8 if fmt == "int8_rowwise" else 0))
-                g["nrows"].append(c.module.num_embeddings)
-        for (dim, mode), g in acc.items():
-            # One table-batched call (what offload.offload builds): one launch, tables in parallel
-            # channels; the host runs them one after the other.
-            n = len(groups[(dim, mode)])
-            pred = predict_lookup(cardv, g["lookups"], g["rows"], b, dims=[dim] * n, rows_per_table=g["nrows"])
-            label = f"all {n} tables (batched)" if len(groups) == 1 else f"{n} tables dim {dim} {mode} (batched)"
-            advice.rows.append(_row(label, "embedding_bag", ", ".join(c.name for c in groups[(dim, mode)]), b, "sum of above",
-                                    g["host"], pred, cardv))
+        advice.rows.extend(_estimates_at(b, cands, inputs, groups, setup, gen, rtl))
     # Everything the advisor says to offload at the largest batch has to fit on the card together.
-    big = max(sizes)
-    chosen = [r for r in advice.rows if r.batch == big and r.verdict == "offload" and "(batched)" not in r.name]
-    if chosen:
-        total = {k: sum(r.resources[k] for r in chosen) for k in _RES_KEYS}
-        ok, over = _fits(cardv, total)
-        advice.notes.append(f"at batch {big}, the {len(chosen)} candidates to offload need together "
-                            + ", ".join(f"{k} {total[k]:.0f}" for k in _RES_KEYS) + ("" if ok else f": over the card's budget ({over})"))
+    note = _together_note(advice.rows, cardv, max(sizes))
+    if note is not None:
+        advice.notes.append(note)
     return advice
