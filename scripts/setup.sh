@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[dev,serve,ray,rtl]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[dev,serve,bench,ray,rtl]" 2>&1 | grep -v "^WARNING: Location" || true
 # The torchrec extra, then torchrec with --no-deps (see pyproject.toml: its declared deps would pull the CUDA fbgemm-gpu).
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[torchrec]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps torchrec==1.8.0 2>&1 | grep -v "^WARNING: Location" || true

@@ -14,8 +14,7 @@ __all__ = ["serve_cmd"]
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told otherwise).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: the OS picks one).")
 @click.option("--grpc-port", default=None, type=click.IntRange(0, 65535), help="Also serve OIP v2 over gRPC on this port (Triton's is 8001) [default: off].")
-@click.option("--grpc-max-streams", default=128, show_default=True, type=int, help="Concurrent streams per gRPC connection.")
-@click.option("--grpc-server", type=click.Choice(["lean", "grpcio"]), default="lean", show_default=True, help="gRPC transport: offload's own HTTP/2 on the event loop, or grpc.aio.")
+@click.option("--grpc-max-streams", default=32, show_default=True, type=int, help="Concurrent streams per gRPC connection.")
 @click.option("--device", default="sim", show_default=True, help="sim | emu | xrt:N | pynq:N")
 @click.option("--max-batch-size", default=64, show_default=True, type=int, help="Rows per device call.")
 @click.option("--max-queue-delay-us", default=100, show_default=True, type=int, help="Longest wait for a fuller batch.")
@@ -32,7 +31,7 @@ __all__ = ["serve_cmd"]
 @click.option("--replicas", default=1, show_default=True, type=int, help="Ray Serve replicas.")
 @click.option("--ray-resource", default="fpga", show_default=True, help="Ray custom resource that marks a host's cards.")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
-def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, grpc_server, device, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, device_timeout_ms, header_timeout_s, body_timeout_s, max_connections, drain_timeout_s, use_ray, replicas, ray_resource, log_level):
+def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, device, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, device_timeout_ms, header_timeout_s, body_timeout_s, max_connections, drain_timeout_s, use_ray, replicas, ray_resource, log_level):
     """Serve BUNDLE over the Open Inference Protocol v2 (KServe/Triton HTTP/REST, and gRPC with --grpc-port)."""
     from offload.serve.config import ServeConfig
     from offload.serve.errors import ConfigError
@@ -52,7 +51,6 @@ def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, grpc_server, devi
             max_connections=max_connections,
             drain_timeout_s=drain_timeout_s,
             grpc_max_streams=grpc_max_streams,
-            grpc_server=grpc_server,
         )
     except ConfigError as e:
         raise click.BadParameter(str(e)) from None
@@ -65,6 +63,6 @@ def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, grpc_server, devi
         return
     from offload.serve.server import serve
 
-    grpc_note = f" and grpc://{host}:{grpc_port} ({grpc_server})" if grpc_port is not None else ""
+    grpc_note = f" and grpc://{host}:{grpc_port}" if grpc_port is not None else ""
     click.echo(f"offload serve: {bundle} on http://{host}:{port}{grpc_note} (device {device}, max batch {max_batch_size}, delay {max_queue_delay_us} us)", err=True)
     serve(bundle, cfg, host=host, port=port, grpc_port=grpc_port, log_level=log_level)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from typing import Callable
 
-import orjson
+import msgspec
 
 from offload.serve.errors import Unauthorized, answer
 
@@ -51,6 +51,6 @@ class BearerAuth:
         status, _ = answer(err)
         if self._count is not None:
             self._count(status)
-        body = orjson.dumps({"error": str(err)})
+        body = msgspec.json.encode({"error": str(err)})
         await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"www-authenticate", b"Bearer")]})
         await send({"type": "http.response.body", "body": body})

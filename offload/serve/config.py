@@ -33,9 +33,9 @@ class ServeConfig:
     - ``max_connections``: open connections before the longest-idle one waiting for a request head
       is closed to admit a new one; ``None`` derives it from the open-file limit.
     - ``grpc_max_streams``: concurrent streams per gRPC connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS),
-      when a gRPC port is open (``offload serve --grpc-port``).
-    - ``grpc_server``: the gRPC transport, ``"lean"`` (offload's own HTTP/2 on the event loop) or
-      ``"grpcio"`` (grpc.aio); offload/serve/oip_grpc.py compares them.
+      when a gRPC port is open (``offload serve --grpc-port``). Keep ``connections x streams``
+      under ``max_queue_size`` for the clients you expect, so that a few connections that never
+      read their answers cannot hold every RPC slot.
     - ``drain_timeout_s``: on SIGTERM, how long requests already read may take to be answered.
 
     Every setting is checked here; a bad one raises :class:`ConfigError` naming it and its range.
@@ -60,8 +60,7 @@ class ServeConfig:
     body_timeout_s: float = 30.0
     max_connections: int | None = None
     drain_timeout_s: float = 30.0
-    grpc_max_streams: int = 128
-    grpc_server: Literal["lean", "grpcio"] = "lean"
+    grpc_max_streams: int = 32
 
     def __post_init__(self) -> None:
         _int("max_batch_size", self.max_batch_size, 1, 65536)
@@ -82,8 +81,6 @@ class ServeConfig:
             _int("max_connections", self.max_connections, 16, 1_000_000)
         _seconds("drain_timeout_s", self.drain_timeout_s, 3600)
         _int("grpc_max_streams", self.grpc_max_streams, 1, 65536)
-        if self.grpc_server not in ("lean", "grpcio"):
-            raise ConfigError(f"grpc_server={self.grpc_server!r}: must be 'lean' or 'grpcio'")
         # Every request already read on SIGTERM is answered (result, 504 or 503) within the grace.
         if self.request_timeout_ms / 1e3 > self.drain_timeout_s:
             raise ConfigError(f"request_timeout_ms={self.request_timeout_ms:g}: must be <= drain_timeout_s ({self.drain_timeout_s:g} s), so a drain answers every request it has read")

@@ -24,11 +24,10 @@ from typing import Any, Callable
 import numpy as np
 
 from offload.host import Device, DeviceError, KernelHandle, open_device
-from offload.host.sim import SimDevice
 from offload.kernels import Kernel
 from offload.serve.errors import BadDeviceOutput, DeviceAbandoned, DeviceOutputError, DeviceUnavailable
 from offload.serve.metrics import ServeMetrics
-from offload.serve.oip import as_fp32
+from offload.serve.types import as_fp32
 
 __all__ = ["FailoverRunner", "DeviceUnavailable", "deadline_for"]
 
@@ -76,7 +75,7 @@ class FailoverRunner:
     """Runs batches of one kernel on a primary device with a sim fall-back.
 
     ``await run(x)`` scores a batch; its outputs are FP32 (float32 [B, n_out], C order), the
-    service's wire type, whichever device computed them (:func:`~offload.serve.oip.as_fp32`; the
+    service's wire type, whichever device computed them (:func:`~offload.serve.types.as_fp32`; the
     reopen probe compares a device's own outputs, before it). Any failure of the primary is a device fault: an exception of
     any kind (a binding's ``RuntimeError`` or ``OSError`` as much as a :class:`DeviceError`), a call
     past the service's deadline (abandoned), or outputs that break the model's declared output
@@ -117,8 +116,6 @@ class FailoverRunner:
         self._backoff = reopen_backoff_s
         self._probe = probe
         self._opener = opener
-        # The sim device computes under the GIL: a thread would add only hand-offs. It runs inline.
-        self._inline = device == "sim"
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._reopener: threading.Thread | None = None
@@ -127,9 +124,12 @@ class FailoverRunner:
         self.state = "up"
         self._primary, self._handle = self._open(device)
         self._fast = self._bound(self._primary, self._handle)
+        # A device with a prepared rows call computes in this process under the GIL: a thread would
+        # add only hand-offs, so its calls run inline. Any other device gets a lane of its own.
+        self._inline = self._fast is not None
         self._lane = None if self._inline else _Lane(f"offload-device-{device}")
         # (device, handle, prepared call) while the primary is up, else None: one attribute, so
-        # run_inline reads a consistent triple without taking the lock (every writer holds it).
+        # _run_inline reads a consistent triple without taking the lock (every writer holds it).
         self._live: tuple | None = (self._primary, self._handle, self._fast)
         # The fall-back device is opened up front: a fault must never wait for a cold start.
         self._sim: Device = opener("sim") if fallback == "sim" else None  # type: ignore[assignment]
@@ -145,32 +145,15 @@ class FailoverRunner:
             dev.close()
             raise
 
-    @property
-    def inline(self) -> bool:
-        """True when every call computes on the caller's thread (the sim device, and the sim
-        fall-back): :meth:`run_inline` then does what :meth:`run` does, without a suspension."""
-        return self._inline
-
     @staticmethod
     def _bound(dev: Device, handle: KernelHandle) -> Callable[[np.ndarray], np.ndarray] | None:
-        """The sim device's prepared rows-to-rows reference call for this handle; None for any
-        other device. The reference itself, on rows the service checked before queueing them: the
-        device's per-call input check and the output check (a [rows, n_out] of finite numbers,
-        which the fixed-point reference always is; its FP32 rounding may make a value past FP32's
-        range an infinity, as the encoders' cast did before the rounding moved here) refuse
-        nothing. Only the SimDevice class itself: a subclass (a test's hostile device) may
-        override ``run`` and must keep every check. FP32 both ways (``fp32=True``): the service's
-        wire type, so its float32 rows go in as they are and the outputs come back rounded to FP32
-        by the kernel, with no NumPy conversion. Rows, not mappings: two frames between the runner
-        and the compiled kernel, no dict (BENCHMARKS.md, round 13). Unguarded, so one frame
-        (round 20): this runner never calls it after the device closes, since every close (close(),
-        _fault's reopener) comes after ``_live`` and ``_fast`` were cleared under the lock, and
-        run_inline reads ``_live`` once."""
-        return dev.bind_rows(handle, fp32=True, guard=False) if type(dev) is SimDevice else None
+        """The device's prepared rows-to-rows call (``Device.bind_rows``, FP32 both ways, the wire
+        type), or None where the device has none: then every batch takes ``run`` and its checks.
+        Rows reach it only after the service's own input check."""
+        return dev.bind_rows(handle, fp32=True)
 
-    def run_inline(self, x: np.ndarray) -> tuple[np.ndarray, str]:
-        """:meth:`run` for an :attr:`inline` runner, as a plain call: the batcher's lone request
-        runs its batch in its own task with it, with no hand-off to another task."""
+    def _run_inline(self, x: np.ndarray) -> tuple[np.ndarray, str]:
+        """:meth:`run` on the caller's thread, for a device that computes under the GIL anyway."""
         live = self._live
         err: DeviceError | None = None
         if live is not None:
@@ -191,7 +174,7 @@ class FailoverRunner:
     async def run(self, x: np.ndarray) -> tuple[np.ndarray, str]:
         """Scores ``x``; returns the output and the name of the device that computed it."""
         if self._inline:
-            return self.run_inline(x)
+            return self._run_inline(x)
         with self._lock:
             dev, handle, lane = (self._primary, self._handle, self._lane) if self.state == "up" else (None, None, None)
         err: DeviceError | None = None

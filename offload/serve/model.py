@@ -10,9 +10,8 @@ import numpy as np
 from offload.host.bundle import Bundle
 from offload.kernels import Kernel
 from offload.kernels.mlp import MlpSpec, validate_inputs
-from offload.serve.oip import TensorSpec
+from offload.serve.types import TensorSpec
 from offload.sim.errors import BundleError, UnsupportedError
-from offload.sim.fixed import FixedType
 
 __all__ = ["ServedModel", "served_model"]
 
@@ -28,17 +27,9 @@ class ServedModel:
     meta: dict
     version: str = "1"
 
-    @property
-    def output_rows(self) -> int:
-        """How many different output rows the kernel can give: its last layer's fixed-point
-        result type has ``2**W`` values, so a row of ``n_out`` of them one of ``2**(W * n_out)``.
-        A scoring model's one quantized score (``ap_ufixed<9,0>``) has 512."""
-        return 2 ** (FixedType.parse(self.kernel.spec.layers[-1].result).width * self.output.width)
-
     def validate(self, x: np.ndarray) -> None:
         """The kernel kind's own input check (NaN, infinity, range), before any queueing. Only the
-        input half (``validate_inputs``): the resident tensors are the bundle's, checked at load
-        (``check_tensors``), not per request (they were ~40% of this check's cost, py-spy)."""
+        input half (``validate_inputs``): the resident tensors are the bundle's, checked once at load."""
         validate_inputs(self.kernel.spec, {"x": x})
 
     def metadata(self) -> dict[str, Any]:

@@ -22,8 +22,9 @@ import threading
 from typing import Any, Mapping
 
 from offload.host.bundle import load
-from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
+from offload.serve.dataplane import DataPlane
+from offload.serve.rest import rest_app
 
 __all__ = ["deploy", "run_ray", "replica_device", "APP_NAME"]
 
@@ -46,20 +47,15 @@ def _replica_class():
         def __init__(self, bundle: str, config: dict, resource: str) -> None:
             import ray
 
-
             cfg = ServeConfig(**config)
             assigned = ray.get_runtime_context().get_assigned_resources()
             self.device = replica_device(cfg.device, assigned, resource)
-            self._svc = ScoringService(_load(bundle), dataclasses.replace(cfg, device=self.device))
+            self._app = rest_app(DataPlane(load(bundle), dataclasses.replace(cfg, device=self.device)))
 
         def __serve_build_asgi_app__(self):
-            return self._svc.app
+            return self._app
 
     return OffloadReplica
-
-
-def _load(path: str) -> Any:
-    return load(path)
 
 
 def deploy(bundle: str, config: ServeConfig, *, replicas: int = 1, resource: str = "fpga", host: str = "127.0.0.1", port: int = 8000, num_cpus: float = 0.5) -> dict[str, Any]:

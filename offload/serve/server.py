@@ -1,8 +1,16 @@
-"""Runs the service on uvicorn (uvloop + httptools). SIGTERM/SIGINT drain in-flight requests, then exit."""
+"""``offload serve``: the REST routes on uvicorn (uvloop + httptools) and, with a gRPC port, the
+gRPC service on grpc.aio, both on one event loop over one data plane.
+
+SIGTERM/SIGINT: readiness goes off at once; for ``DRAIN_LINGER_S`` the listener stays open, so
+connections already in the accept backlog and requests already on their way over keep-alive
+connections are read and answered (every answer then says ``Connection: close``); then the
+listener closes and every request already read is answered (a result, 504 or 503) within
+``drain_timeout_s``.
+"""
 
 from __future__ import annotations
 
-import gc
+import asyncio
 import ipaddress
 import logging
 import os
@@ -13,27 +21,15 @@ from typing import Any
 import uvicorn
 
 from offload.host.bundle import load
-from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
+from offload.serve.dataplane import DataPlane
 from offload.serve.errors import ConfigError
-from offload.serve.httpguard import HttpLimits, default_max_connections, guarded_protocol
+from offload.serve.rest import rest_app
+from offload.serve.rest.limits import HttpLimits, default_max_connections, limited_protocol
 
-__all__ = ["serve", "is_loopback", "check_port", "grpc_core_env"]
+__all__ = ["serve", "is_loopback", "check_port", "DRAIN_LINGER_S"]
 
-# grpc core rollouts (src/core/lib/experiments/rollouts.yaml, grpcio 1.85: both "default: true")
-# that move socket I/O onto EventEngine worker threads. grpc.aio already hands every completion
-# from its poller thread to the event loop through a socket pair
-# (src/python/grpcio/grpc/_cython/_cygrpc/aio/completion_queue.pyx.pxi, PollerCompletionQueue);
-# with these on, each read first wakes an EventEngine thread, which then wakes the poller: one more
-# thread hop per event, several per unary RPC. Off, the poller thread reads the socket itself
-# (the iomgr path grpc core used by default for years). Measured on 2 cores with batch-1 RPCs from
-# tritonclient.grpc: 20-30 % less CPU per request for the constant-answer gRPC server, ~14 % for
-# the service. A grpcio that no longer knows a name logs "Unknown experiment" once and runs its
-# default; child processes inherit the setting.
-GRPC_EXPERIMENTS = "-event_engine_listener,-event_engine_for_all_other_endpoints"
-
-
-_GC_GEN0 = 50_000
+DRAIN_LINGER_S = 0.5
 
 
 def is_loopback(host: str) -> bool:
@@ -53,96 +49,70 @@ def check_port(port: object) -> int:
     return port
 
 
-def _uvicorn_config(app: Any, host: str, port: int, drain_s: float, log_level: str, limits: HttpLimits | None = None):
-    limits = limits or HttpLimits(16 * 1024, 10.0, 30.0, default_max_connections())
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=check_port(port),
-        loop="uvloop",
-        # uvicorn's httptools protocol with head/body caps, read timeouts and a connection cap
-        # (offload/serve/httpguard.py says why each is needed and where uvicorn stops).
-        http=guarded_protocol(limits),
-        # No WebSocket routes here: an Upgrade request is answered as plain HTTP, and uvicorn's
-        # upgrade path, which hands the connection's transport to another protocol, never runs.
-        ws="none",
-        lifespan="on",
-        access_log=False,
-        log_level=log_level,
-        # uvicorn stops accepting on SIGTERM and waits for open requests; this bounds the wait.
-        timeout_graceful_shutdown=drain_s,
-        # Keep-alive connections of load generators stay open between requests.
-        timeout_keep_alive=30,
-        backlog=4096,
-        # Nothing here reads the client's address or scheme (no access log, keys not tied to
-        # hosts): uvicorn's X-Forwarded-* middleware would only add a wrapper to every request.
-        proxy_headers=False,
-    )
-
-
-def grpc_core_env() -> None:
-    """Sets ``GRPC_EXPERIMENTS`` for this process's gRPC listener unless the environment already
-    chose one. grpc core reads it once, when grpc is first imported, so this must run before
-    anything imports grpc; serve() calls it before it imports the gRPC endpoint."""
-    os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
-
-
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's Server, with the service's readiness switched off before it stops accepting."""
+    """uvicorn's Server, with readiness off before it stops accepting and the backlog answered."""
 
-    def __init__(self, config: uvicorn.Config, svc: Any) -> None:
+    def __init__(self, config: uvicorn.Config, plane: DataPlane) -> None:
         super().__init__(config)
-        self._svc = svc
+        self._plane = plane
 
     def handle_exit(self, sig, frame) -> None:
         # In the signal handler itself: uvicorn's main loop notices should_exit only on its next
         # tick (0.1 s); probes answered meanwhile must already say "not ready".
-        self._svc.draining = True
+        self._plane.draining = True
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None) -> None:
-        self._svc.draining = True
+        self._plane.draining = True
+        # Closing the listener resets every connection still in the kernel's accept backlog, fully
+        # sent requests included; keep accepting for a moment so they are read and answered.
+        await asyncio.sleep(DRAIN_LINGER_S)
         await super().shutdown(sockets)
 
 
 def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None, log_level: str = "warning") -> None:
-    """Serves ``bundle`` until SIGTERM/SIGINT. Then readiness goes off, the listener closes, and
-    every request already read is answered (result, 504 or 503) within ``config.drain_timeout_s``.
-    With ``grpc_port``, the OIP v2 gRPC service listens there too, on the same host, event loop
-    and batcher, over ``config.grpc_server``'s transport (offload/serve/oip_grpc.py).
+    """Serves ``bundle`` (a Bundle or a path) until SIGTERM/SIGINT, then drains (module docstring).
 
     Example::
 
         serve("risk_bundle", ServeConfig(device="sim"), port=8000, grpc_port=8001)
     """
-
     check_port(port)
     if grpc_port is not None:
         check_port(grpc_port)
-        if config.grpc_server == "grpcio":
-            grpc_core_env()  # before anything imports grpc
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log = logging.getLogger("offload.serve")
     if not is_loopback(host):
-        logging.getLogger("offload.serve").warning("binding %s: the service is reachable from the network%s", host, "" if config.api_key else " WITHOUT an API key")
-    svc = ScoringService(load(bundle) if isinstance(bundle, (str, os.PathLike)) else bundle, config)
+        log.warning("binding %s: the service is reachable from the network%s", host, "" if config.api_key else " WITHOUT an API key")
+    plane = DataPlane(load(bundle) if isinstance(bundle, (str, os.PathLike)) else bundle, config)
+    on_start = on_stop = None
     if grpc_port is not None:
-        from offload.serve.oip_grpc import GrpcEndpoint
+        from offload.serve.grpc.server import GrpcListener  # imports grpc: only when asked for
 
-        svc.grpc = GrpcEndpoint(svc, host, grpc_port)
+        listener = GrpcListener(plane, host, grpc_port)
+        on_start, on_stop = listener.start, listener.stop
 
     def count(status: int, error_type: str) -> None:
-        svc.count_response(status)
-        svc.metrics.errors.labels(type=error_type).inc()
+        plane.metrics.responses.labels(code=str(status)).inc()
+        plane.metrics.errors.labels(type=error_type).inc()
 
-    limits = HttpLimits(
-        max_head_bytes=config.max_head_bytes,
-        header_timeout_s=config.header_timeout_s,
-        body_timeout_s=config.body_timeout_s,
-        max_connections=config.max_connections or default_max_connections(),
-        count=count,
+    limits = HttpLimits(config.max_head_bytes, config.header_timeout_s, config.body_timeout_s, config.max_connections or default_max_connections(), count)
+    uv = uvicorn.Config(
+        rest_app(plane, on_start=on_start, on_stop=on_stop),
+        host=host,
+        port=port,
+        loop="uvloop",
+        http=limited_protocol(limits),
+        ws="none",  # no WebSocket routes: an Upgrade request is answered as plain HTTP
+        lifespan="on",
+        access_log=False,
+        log_level=log_level,
+        timeout_graceful_shutdown=config.drain_timeout_s,
+        timeout_keep_alive=30,
+        backlog=4096,
+        proxy_headers=False,  # nothing here reads the client's address or scheme
     )
-    _settle_gc()
-    server = _DrainingServer(_uvicorn_config(svc.app, host, port, config.drain_timeout_s, log_level, limits), svc)
+    server = _DrainingServer(uv, plane)
     # uvicorn drains, restores the previous handlers and re-raises the signal it caught; a clean
     # drain should end the process with status 0, not "killed by SIGTERM".
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -150,30 +120,17 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
     try:
         server.run()
     except BaseException as e:
-        _leave_if_stuck(svc, 0 if isinstance(e, SystemExit) and not e.code else 1)
+        _leave_if_stuck(plane, 0 if isinstance(e, SystemExit) and not e.code else 1)
         raise
-    _leave_if_stuck(svc, 0)
+    _leave_if_stuck(plane, 0)
 
 
-def _settle_gc() -> None:
-    """The collector's settings for serving, once everything is loaded."""
-    # Everything loaded so far lives as long as the process: keep it out of every later
-    # collection, so a full GC pass while serving scans only per-request garbage.
-    gc.collect()
-    gc.freeze()
-    # A young-generation pass every _GC_GEN0 allocations instead of CPython's 700: with 64
-    # requests in flight each pass walks every live request's objects (py-spy at 64 connections:
-    # 2.5% of the server in gc_collect_main), yet what dies young is freed by reference counting
-    # whatever the threshold; cycles wait at most a few thousand requests longer.
-    gc.set_threshold(_GC_GEN0, *gc.get_threshold()[1:])
-
-
-def _leave_if_stuck(svc: Any, status: int) -> None:
+def _leave_if_stuck(plane: DataPlane, status: int) -> None:
     """Ends the process at once when a device call or close never returned: the bindings' own
     ThreadPoolExecutor workers would make interpreter exit wait for it forever. Every answer is
     out by now."""
-    if svc.runner.abandoned:
-        logging.getLogger("offload.serve").warning("%d device call(s) never returned; exiting without waiting for them", svc.runner.abandoned)
+    if plane.runner.abandoned:
+        logging.getLogger("offload.serve").warning("%d device call(s) never returned; exiting without waiting for them", plane.runner.abandoned)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -304,28 +304,3 @@ def _stack_refusing_negatives(xs):
     return (np.concatenate(kept, axis=0, dtype=np.float64) if kept else np.empty((0, 0))), refused
 
 
-def test_requests_the_stack_refuses_get_their_error_and_the_rest_their_batch():
-    async def go():
-        dev = Device(hold_first=True)
-        b = DynamicBatcher(dev, max_batch_size=16, max_queue_delay_s=0, max_queue_size=64, stack=_stack_refusing_negatives)
-        await b.start()
-        busy = asyncio.ensure_future(b.infer(rows(0, 1), timeout=GUARD))
-        await dev.started.wait()
-        xs = [rows(10, 2), rows(-5, 1), rows(20, 3), rows(-7, 2)]
-        mixed = [asyncio.ensure_future(b.infer(x, timeout=GUARD)) for x in xs]
-        await _settle()
-        dev.gate.set()  # the second batch holds the four queued requests
-        await busy
-        got = await asyncio.gather(*mixed, return_exceptions=True)
-        # A batch whose every request is refused never reaches the device.
-        alone = await asyncio.gather(b.infer(rows(-1, 1), timeout=GUARD), return_exceptions=True)
-        after = await b.infer(rows(30, 1), timeout=GUARD)
-        await b.stop()
-        return dev, xs, got, alone, after
-
-    dev, xs, got, alone, after = run(go())
-    assert got[0].tolist() == expect(xs[0]) and got[2].tolist() == expect(xs[2])
-    assert [str(got[1]), str(got[3])] == ["request 1", "request 3"] and isinstance(got[1], Refuse)
-    assert isinstance(alone[0], Refuse) and after.tolist() == expect(rows(30, 1))
-    assert len(dev.batches) == 3
-    np.testing.assert_array_equal(dev.batches[1], np.concatenate([xs[0], xs[2]]))
