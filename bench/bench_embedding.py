@@ -6,21 +6,21 @@ the same CPU and the same data, interleaved round by round (best of ``--rounds``
 the best of 10 windows of 5 ms):
 
 - ``torch``: ``torch.nn.EmbeddingBag`` in float32 (the baseline of every ratio), on n threads;
-- ``sim-fused``: the fused compiled kernels (:func:`offload.sim.embedding_fused.run`) on aligned
+- ``sim-fused``: the fused compiled kernels (:func:`offload.sim.embedding.fused.run`) on aligned
   resident tables, n threads, raw fixed-point output (what the sim device runs after validation);
 - ``sim-dev``: ``SimDevice.run`` (input validation + fused kernels) on n threads, as the op runs it;
 - ``sim-op``: ``offload.nn.EmbeddingBag`` on the sim device (torch op -> validation -> fused -> float32),
   following torch's thread count;
-- with ``--peers``: ``sim-ref``, the NumPy reference (the oracle), and ``gather``, ``np.take`` of the
+- with ``--peers``: ``sim-ref``, the step-by-step reference (the oracle), and ``gather``, ``np.take`` of the
   same stored bytes into a fresh array;
 
 and prints lookups/s and the ratio to torch. ``--prefetch 0`` turns the kernels' row prefetch off
 (to measure what it buys). Then the per-call dispatch overhead of the op registration: ``torch.library``
 Library+impl (what offload uses) against ``torch.library.custom_op`` and a direct Python call.
 
-Usage (OPENBLAS_NUM_THREADS=1: the reference's float BLAS sums on one thread, like torch's)::
+Usage::
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_embedding.py [--threads 1,2] [--rows 100000] [--dim 64] [--fmt ...]
+    .venv/bin/python bench/bench_embedding.py [--threads 1,2] [--rows 100000] [--dim 64] [--fmt ...]
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import torch
 import offload
 from offload.host.sim import SimDevice
 from offload.kernels import get_kind
-from offload.sim import embedding_fused as fused
+from offload.kernels.embedding import fused_plan, lookup_of
+from offload.sim.embedding import fused
 from offload.sim.layout import aligned_copy
 from _timing import best_seconds  # noqa: E402  (bench/ is on sys.path when run as a script)
 
@@ -64,7 +65,8 @@ def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, threads, roun
     dev = SimDevice()
     h = dev.load(kernel)  # aligned resident copy, JIT warmed
     aligned = {k: aligned_copy(v) for k, v in kernel.tensors.items()}
-    plan = fused.plan(kernel.spec)
+    plan = fused_plan(kernel.spec)
+    tables, params = lookup_of(kernel.spec).arrays(aligned)
     table = kernel.tensors["table0"]
     rng = np.random.default_rng(seed)
     out = []
@@ -84,7 +86,7 @@ def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, threads, roun
 
                 def fused_call():
                     with fused.using_threads(th):
-                        return fused.run(plan, aligned, inputs)
+                        return fused.run(plan, tables, params, idx_np, off_np)
 
                 def torch_call():
                     with torch.no_grad():

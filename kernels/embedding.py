@@ -15,7 +15,9 @@ Storage formats (per table, :class:`TableSpec.fmt`):
   fp16/fp32 scale and bias so the hardware needs no float units.
 
 Arithmetic (accumulator, per-sample weights, mean division, overflow) is defined and simulated in
-:mod:`offload.sim.embedding`. Default accumulator: wide enough that no bag of up to
+:mod:`offload.sim.embedding`: its step-by-step reference is this kind's :func:`reference`, its
+fused compiled path runs in :func:`run_checked` where numba is present and the spec fits it.
+Default accumulator: wide enough that no bag of up to
 ``max_bag_size`` entries can overflow it (see :func:`default_acc_type`).
 
 Resident tensors: ``table{t}`` (raw, ``num_rows x dim``) and, for int8_rowwise, ``params{t}``
@@ -41,6 +43,7 @@ import numpy as np
 
 from offload.kernels.registry import Kernel, KernelKind, register_kind
 from offload.sim import embedding as _sim
+from offload.sim.embedding import PooledTable, Pooling
 from offload.sim.errors import (
     FormatOverflowError,
     FormatOverflowWarning,
@@ -71,6 +74,10 @@ __all__ = [
     "container_dtype",
     "validate",
     "reference",
+    "Lookup",
+    "lookup_of",
+    "fused_plan",
+    "run_checked",
     "check_tensors",
     "tensor_shapes",
     "KIND",
@@ -194,7 +201,7 @@ class EmbeddingSpec:
 
     def per_feature(self) -> "EmbeddingSpec":
         """The same kernel seen one table per feature (shared tables repeated under feature names),
-        which is what the reference and the fused path compute; cached, so the fused plan is too."""
+        which is what a call computes (its checks and golden cases take this view); cached."""
         if self.feature_table_map is None:
             return self
         c = self._cache.get("per_feature")
@@ -383,7 +390,7 @@ def _quantize_rowwise(weights: np.ndarray, param_type: FixedType) -> tuple[np.nd
     is at most ``scale/2``."""
     w = np.asarray(weights, dtype=np.float64)
     f = int(param_type.F)
-    lo, hi = _sim._raw_min_max(param_type)
+    lo, hi = param_type.min_raw, param_type.max_raw
     mn = w.min(axis=1) if w.shape[1] else np.zeros(w.shape[0])
     mx = w.max(axis=1) if w.shape[1] else np.zeros(w.shape[0])
     bias = np.floor(np.ldexp(mn, f)).astype(np.int64)
@@ -537,7 +544,7 @@ def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Map
             raise InputTypeError(f"per_sample_weights: expected raw integers in {spec.weight_type}, got {getattr(w, 'dtype', type(w).__name__)}")
         if w.shape != (n,):
             raise InputError(f"per_sample_weights: shape {w.shape} must match indices ({n},)")
-        lo, hi = _sim._raw_min_max(spec.weight_type)
+        lo, hi = spec.weight_type.min_raw, spec.weight_type.max_raw
         if w.size and (w.min() < lo or w.max() > hi):
             raise InputError(f"per_sample_weights: raw values outside {spec.weight_type}'s range [{lo}, {hi}]")
     B = (off.shape[0] - 1) // T
@@ -602,37 +609,46 @@ def tensor_shapes(spec: EmbeddingSpec) -> dict[str, tuple[int, ...]]:
 # ------------------------------------------------------------------------------------- reference
 
 
+@dataclass(frozen=True)
+class Lookup:
+    """The spec as the simulator's arithmetic takes it: one pooled table per feature, and the
+    resident tensors each reads (a shared table's, under its own name: no copy)."""
+
+    pooling: Pooling
+    tables: tuple[str, ...]
+    params: tuple[str | None, ...]
+
+    def arrays(self, tensors: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+        """Each pooled table's resident array and its row-wise params (None for an ap_fixed table)."""
+        return [tensors[k] for k in self.tables], [None if k is None else tensors[k] for k in self.params]
+
+
+def lookup_of(spec: EmbeddingSpec) -> Lookup:
+    """The spec in the simulator's types (cached on the spec).
+
+    Example::
+
+        lk = lookup_of(spec)
+        tables, params = lk.arrays(kernel.tensors)
+        out = offload.sim.embedding.lookup(lk.pooling, tables, params, indices, offsets)
+    """
+    c = spec._cache.get("lookup")
+    if c is None:
+        feats = range(spec.num_tables) if spec.feature_table_map is None else spec.feature_table_map
+        vts = spec.value_types
+        pooled = tuple(PooledTable(spec.tables[t].dim, vts[t], spec.tables[t].rowwise, spec.tables[t].padding_idx) for t in feats)
+        pooling = Pooling(pooled, spec.mode, spec.max_bag_size, spec.acc_type, spec.out_type, spec.weight_type)
+        c = spec._cache["lookup"] = Lookup(pooling, tuple(f"table{t}" for t in feats),
+                                            tuple(f"params{t}" if spec.tables[t].rowwise else None for t in feats))
+    return c
+
+
 def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The exact kernel output ``{"out": raw out_type, int64, B x out_dim}`` (inputs validated)."""
-    if spec.feature_table_map is not None:
-        return reference(spec.per_feature(), feature_tensors(spec, tensors), inputs)
-    idx = inputs["indices"]
-    off = inputs["offsets"]
-    w = inputs.get("per_sample_weights")
-    T = spec.num_tables
-    B = (off.shape[0] - 1) // T
-    acc, out_t, wt = spec.acc_type, spec.out_type, spec.weight_type
-    out = np.empty((B, spec.total_dim), dtype=np.int64) if T > 1 else None
-    col = 0
-    for t, ts in enumerate(spec.tables):
-        o = off[t * B:(t + 1) * B + 1].astype(np.int64)
-        base = int(o[0])
-        ti = idx[base:int(o[-1])]
-        o = o - base
-        tw = None if w is None else w[base:base + ti.shape[0]]
-        ti, o, keep = _sim.drop_padding(ti, o, ts.padding_idx)
-        if keep is not None and tw is not None:
-            tw = tw[keep]
-        vals = _sim.gather_values(tensors[f"table{t}"], ti, tensors.get(f"params{t}"))
-        pooled = _sim.pool_bags(
-            vals, spec.value_types[t], o, spec.mode, acc, out_t,
-            max_bag_size=spec.max_bag_size, weights=tw, weight_type=wt,
-        )
-        if T == 1:
-            return {"out": pooled.astype(np.int64, copy=False)}
-        out[:, col:col + ts.dim] = pooled
-        col += ts.dim
-    return {"out": out}
+    """The exact kernel output ``{"out": raw out_type, int64, B x out_dim}`` (inputs validated):
+    :func:`offload.sim.embedding.lookup`, step by step."""
+    lk = lookup_of(spec)
+    tables, params = lk.arrays(tensors)
+    return {"out": _sim.lookup(lk.pooling, tables, params, inputs["indices"], inputs["offsets"], inputs.get("per_sample_weights"))}
 
 
 def golden_inputs(spec: EmbeddingSpec, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
@@ -669,7 +685,7 @@ def golden_inputs(spec: EmbeddingSpec, rng: np.random.Generator, case: int) -> d
     return out
 
 
-# The fused path (offload.sim.embedding_fused) imports numba, 0.37 s measured with -X importtime:
+# The fused path (offload.sim.embedding.fused) imports numba, 0.37 s measured with -X importtime:
 # loaded on a device's first load, not by every `import offload.kernels` (`offload --help` among them).
 _FUSED: list = []
 
@@ -677,29 +693,41 @@ _FUSED: list = []
 def _fused():
     """The fused module, imported once (an import statement inside run_checked cost ~1 us per call)."""
     if not _FUSED:
-        from offload.sim import embedding_fused
+        from offload.sim.embedding import fused
 
-        _FUSED.append(embedding_fused)
+        _FUSED.append(fused)
     return _FUSED[0]
+
+
+def fused_plan(spec: EmbeddingSpec):
+    """The spec's :class:`offload.sim.embedding.fused.Plan` (cached on the spec); importing it loads numba."""
+    p = spec._cache.get("fused_plan")
+    if p is None:
+        p = spec._cache["fused_plan"] = _fused().plan(lookup_of(spec).pooling)
+    return p
 
 
 def prepare(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
     """The fused path compiled (or loaded from numba's disk cache) for this spec, so no request pays
     the JIT. The tables are the device's aligned resident copies and are kept as they are."""
-    return dict(tensors), _fused().warm_up(spec.per_feature(), feature_tensors(spec, tensors))
+    tables, params = lookup_of(spec).arrays(tensors)
+    return dict(tensors), _fused().warm_up(fused_plan(spec), tables, params)
 
 
 def run_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The fused compiled path: checks inside the loops, before any table read they guard; on any
-    failure :func:`validate` runs and raises its own error."""
-    embedding_fused = _fused()
-    if spec.feature_table_map is not None:
-        spec, tensors = spec.per_feature(), feature_tensors(spec, tensors)
-    if spec.mode != "sum" and inputs.get("per_sample_weights") is not None:
-        # The compiled loops weight sum bags only; weighted means take the reference.
+    """:func:`validate` then :func:`reference` in one pass: the one place the path is chosen. The
+    fused compiled path runs where numba is present and the spec fits its int64 casts; it checks
+    the inputs inside its loops, before any table read they guard. Whatever it leaves (numba
+    missing, a spec outside its casts, weighted ``mean``, a bag past ``max_bag_size``, any input
+    that breaks a rule) takes :func:`validate`, which raises its own error, then the reference."""
+    lk = lookup_of(spec)
+    tables, params = lk.arrays(tensors)
+    w = inputs.get("per_sample_weights")
+    out = _fused().run(fused_plan(spec), tables, params, inputs.get("indices"), inputs.get("offsets"), w)
+    if out is None:
         validate(spec, tensors, inputs)
-        return reference(spec, tensors, inputs)
-    return embedding_fused.run(embedding_fused.plan(spec), tensors, inputs, reference, validate)
+        out = _sim.lookup(lk.pooling, tables, params, inputs["indices"], inputs["offsets"], w)
+    return {"out": out}
 
 
 KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,

@@ -24,7 +24,7 @@ import torch
 
 from offload.ops.autograd import register_inference_only
 from offload.ops.resident import get_resident
-from offload.sim.embedding_fused import using_threads
+from offload.sim.embedding.fused import using_threads
 from offload.kernels.embedding import quantize_checked
 from offload.sim.errors import IndexDtypeError, InputError, InputTypeError, UnsupportedError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import offload
-from offload.sim import embedding_fused as F
+from offload.sim.embedding import fused as F
 
 
 def test_op_passes_torch_threads_and_default_is_single(monkeypatch):

@@ -1,4 +1,4 @@
-"""The fused compiled embedding path against the NumPy reference (the oracle): zero mismatches."""
+"""The fused compiled embedding path against the step-by-step reference (the oracle): zero mismatches."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import pytest
 from offload.host.sim import SimDevice
 from offload.kernels import catalogue, get_kind
 from offload.kernels.embedding import ROWWISE, TableSpec, make_kernel, make_spec
-from offload.sim import embedding_fused as F
+from offload.sim.fixed import FixedType
+from offload.kernels.embedding import fused_plan, lookup_of
+from offload.sim import embedding as E
+from offload.sim.embedding import fused as F
 from offload.sim.layout import aligned_copy
 
 from _embedding_harness import SPECS, make_case, random_tables
@@ -25,14 +28,20 @@ def _parallel_even_for_small_calls(monkeypatch):
     monkeypatch.setattr(F, "PARALLEL_MIN", 0)
 
 
+def _run(spec, tensors, inputs):
+    """The fused path alone (None where it leaves the call to the reference)."""
+    tables, params = lookup_of(spec).arrays(tensors)
+    return F.run(fused_plan(spec), tables, params, inputs["indices"], inputs["offsets"], inputs.get("per_sample_weights"))
+
+
 def _check(spec, tensors, inputs, threads=(1, 2)):
     KIND.validate(spec, tensors, inputs)
     ref = KIND.reference(spec, tensors, inputs)["out"]
-    p = F.plan(spec)
+    p = fused_plan(spec)
     assert p.supported, p.reason
     for th in threads:
         with F.using_threads(th):
-            got = F.run(p, tensors, inputs, KIND.reference)["out"]
+            got = _run(spec, tensors, inputs)
         assert got.dtype == np.int64 and got.shape == ref.shape
         bad = np.argwhere(got != ref)
         assert bad.size == 0, f"{len(bad)} mismatches at threads={th}, first {bad[:3].tolist()}: {got[tuple(bad[0])]} != {ref[tuple(bad[0])]}"
@@ -60,7 +69,7 @@ def test_overflowing_cases_exercise_every_cast():
     k = make_kernel("k", spec, [np.full((20, 4), 7.9)])
     inputs = make_case(rng, spec, 50, spec.max_bag_size, weighted=True)
     ref = _check(spec, k.tensors, inputs)
-    assert F.plan(spec).tables[0].params_w[F._P_FITACC] == 1
+    assert fused_plan(spec).tables[0].params_w[F._P_FITACC] == 1
     assert ref.min() < 0 < ref.max()  # wrap-around of all-positive sums produced negatives
 
 
@@ -105,7 +114,28 @@ def test_long_bags_at_the_exact_accumulator_bound():
         inputs = {"indices": idx, "offsets": np.array([0, bag, 2 * bag, 3 * bag], dtype=np.int64)}
         ref = _check(spec, k.tensors, inputs)
         assert ref[0, 0] == bag * t.max_raw << (spec.acc_type.F - t.F)
-        assert F.plan(spec).tables[0].acc32 == (fmt == "ap_fixed<16,6>")
+        assert fused_plan(spec).tables[0].acc32 == (fmt == "ap_fixed<16,6>")
+
+
+def test_int32_partial_sums_only_under_the_format_bound():
+    """A plain table accumulates in int32 only while max_bag_size * max|raw| < 2**31; at the bound
+    the longest bags of the extreme rows sum exactly; a bag past max_bag_size leaves the fused path."""
+    vt = FixedType.parse("ap_fixed<16,6>")  # max|raw| = 2**15
+    assert F.acc32_ok(65535, vt) and not F.acc32_ok(65536, vt)
+    assert not fused_plan(make_spec([TableSpec("a", 2, 4, str(vt))], max_bag_size=65536)).tables[0].acc32
+    bag = 65535
+    spec = make_spec([TableSpec("a", 2, 4, str(vt))], mode="sum", max_bag_size=bag)
+    assert fused_plan(spec).tables[0].acc32
+    k = make_kernel("k", spec, [np.array([[vt.max_float] * 4, [vt.min_float] * 4])])
+    idx = np.concatenate([np.zeros(bag), np.ones(bag)]).astype(np.int64)
+    got = _run(spec, k.tensors, {"indices": idx, "offsets": np.array([0, bag, 2 * bag], dtype=np.int64)})
+    sh = spec.acc_type.F - vt.F
+    assert got[:, 0].tolist() == [(bag * vt.max_raw) << sh, (bag * vt.min_raw) << sh]
+    small = make_spec([TableSpec("a", 2, 4, str(vt))], mode="sum", max_bag_size=4)
+    ks = make_kernel("k", small, [np.array([[vt.max_float] * 4, [vt.min_float] * 4])])
+    longer = {"indices": np.zeros(5, dtype=np.int64), "offsets": np.array([0, 5], dtype=np.int64)}
+    assert _run(small, ks.tensors, longer) is None
+    assert np.array_equal(KIND.run_checked(small, ks.tensors, longer)["out"], KIND.reference(small, ks.tensors, longer)["out"])
 
 
 def test_catalogue_entries_match_reference():
@@ -116,11 +146,12 @@ def test_catalogue_entries_match_reference():
 
 def test_unsupported_cast_runs_the_reference():
     spec = make_spec([TableSpec("a", 10, 2, "ap_fixed<8,4>")], mode="sum", max_bag_size=4, out_type="ap_ufixed<64,40>")
-    p = F.plan(spec)
+    p = fused_plan(spec)
     assert not p.supported and "64-bit unsigned" in p.reason
     k = make_kernel("k", spec, [np.random.default_rng(0).uniform(0, 7, (10, 2))])
     inputs = {"indices": np.array([1, 2, 3], dtype=np.int64), "offsets": np.array([0, 1, 3], dtype=np.int64)}
-    got = F.run(p, k.tensors, inputs, KIND.reference)["out"]
+    assert _run(spec, k.tensors, inputs) is None
+    got = KIND.run_checked(spec, k.tensors, inputs)["out"]
     ref = KIND.reference(spec, k.tensors, inputs)["out"]
     assert got.dtype == ref.dtype and np.array_equal(got, ref)
 
@@ -132,21 +163,25 @@ def test_without_numba_falls_back_with_one_warning(monkeypatch):
     rng = np.random.default_rng(5)
     k = make_kernel("k", spec, random_tables(rng, spec))
     inputs = make_case(rng, spec, 20, spec.max_bag_size, pad_frac=0.2)
+    want = KIND.reference(spec, k.tensors, inputs)["out"]
     calls = []
+    real = E.lookup
 
-    def reference(*a):
+    def lookup(*a):
         calls.append(1)
-        return KIND.reference(*a)
+        return real(*a)
 
+    monkeypatch.setattr(E, "lookup", lookup)  # the step-by-step reference, as the kind calls it
     with pytest.warns(RuntimeWarning, match="numba is not installed"):
-        got = F.run(F.plan(spec), k.tensors, inputs, reference)["out"]
-    assert calls and np.array_equal(got, KIND.reference(spec, k.tensors, inputs)["out"])
+        got = KIND.run_checked(spec, k.tensors, inputs)["out"]
+    assert calls and np.array_equal(got, want)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        F.run(F.plan(spec), k.tensors, inputs, reference)  # warned once only
-    assert len(calls) == 2 and F.warm_up(spec, k.tensors) == 0.0
+        KIND.run_checked(spec, k.tensors, inputs)  # warned once only
+    tables, params = lookup_of(spec).arrays(k.tensors)
+    assert len(calls) == 2 and F.warm_up(fused_plan(spec), tables, params) == 0.0
 
 
 def test_aligned_copy():
@@ -215,7 +250,7 @@ def test_parallel_calls_from_two_threads_agree():
 
     def one(c):
         with F.using_threads(2):
-            return F.run(F.plan(spec), k.tensors, c, KIND.reference)["out"]
+            return _run(spec, k.tensors, c)
 
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(one, cases * 3))

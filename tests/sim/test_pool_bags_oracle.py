@@ -1,4 +1,4 @@
-"""pool_bags against a step-by-step oracle on type combinations the shortcuts must not take:
+"""pool_bags against a per-bag Python oracle on type combinations where terms are not a plain copy:
 a signed table into an unsigned saturating accumulator (terms are not an exact shift), and an
 output type with more fraction bits than the accumulator (a left shift by the difference)."""
 
@@ -20,7 +20,7 @@ def test_signed_terms_into_an_unsigned_saturating_accumulator():
     rng = np.random.default_rng(23)
     off = _bags(rng, 30, 12)
     vals = rng.integers(vt.min_raw, vt.max_raw + 1, (int(off[-1]), 3)).astype(np.int64)
-    got = pool_bags(vals, vt, off, "sum", acc, acc, max_bag_size=12)
+    got = pool_bags(vals, vt, off, "sum", acc, acc)
     # Each term becomes an acc value first (F 4 -> 8: x16; negative -> 0 under AP_SAT), then the
     # running sum saturates at acc's top after every addition.
     want = np.zeros((30, 3), dtype=np.int64)
@@ -40,6 +40,6 @@ def test_output_with_more_fraction_bits_is_the_sum_shifted_by_the_difference():
     rng = np.random.default_rng(29)
     off = _bags(rng, 20, 6)
     vals = rng.integers(vt.min_raw, vt.max_raw + 1, (int(off[-1]), 2)).astype(np.int64)
-    got = pool_bags(vals, vt, off, "sum", acc, out, max_bag_size=6)
+    got = pool_bags(vals, vt, off, "sum", acc, out)
     want = np.stack([vals[off[b]:off[b + 1]].sum(axis=0) * 2 for b in range(20)])
     assert np.array_equal(got, want)

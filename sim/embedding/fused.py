@@ -1,5 +1,5 @@
 """Fused, compiled embedding lookups: gather, pool and finish in one pass, bit-identical to
-:mod:`offload.sim.embedding` (the NumPy reference, which stays the oracle in the tests).
+:mod:`offload.sim.embedding.reference` (the step-by-step definition, and the oracle in the tests).
 
 Why numba and not a g++-built helper: the arithmetic is a handful of int64 operations per element
 whose shape (table dtype, index dtype, row-wise or not, weights or not) varies per kernel; numba
@@ -9,13 +9,20 @@ specialises one Python source per dtype combination, caches the machine code on 
 need a compiler at run time (the sim device must work where only pip is available), a hand-written
 dtype dispatch in C and a ctypes call per table. numba is also what hls4ml[da] already installs.
 
-What runs where: :func:`plan` turns a spec into a :class:`Plan` once (cast parameters of every
-fixed-point step, which compiled variant each table needs); :func:`run` executes a call. A spec
-whose casts leave the int64 fast cases of :meth:`FixedType.cast` (a ``uint64`` raw type, an
-``ap_int`` target from a fraction, ``AP_WRAP`` with saturation bits, shifts past 62) runs the
-NumPy reference instead: same results, reference speed. Semantics are those of
-:mod:`offload.sim.embedding` (per-element term cast to ``acc_t``, per-step accumulator overflow,
-round-half-away mean, output cast), not of its fast paths.
+What runs where: :func:`plan` turns a :class:`~offload.sim.embedding.reference.Pooling` into a
+:class:`Plan` once (cast parameters of every fixed-point step, which compiled variant each table
+needs); :func:`run` executes a call. A pooling whose casts leave the int64 fast cases of
+:meth:`FixedType.cast` (a ``uint64`` raw type, an ``ap_int`` target from a fraction, ``AP_WRAP``
+with saturation bits, shifts past 62) gets an unsupported plan, and :func:`run` answers None for
+it: the caller (the ``embedding`` kernel kind) then runs the reference. Semantics are the
+reference's: per-element term cast to ``acc_t``, per-step accumulator overflow, round-half-away
+mean, output cast.
+
+Two shortcuts, each proven from the types and ``max_bag_size`` when the plan is made (and every
+call's bags are checked against ``max_bag_size`` before any is pooled): where no bag can overflow
+``acc_t`` and every term is an exact left shift, the per-step fits are identities and the shift is
+done once per bag (``plain``); and a ``plain`` table accumulates in int32 only while
+``max_bag_size * max|raw| < 2**31``, so no partial sum can leave int32.
 
 Threads: single-threaded unless the caller says otherwise with :func:`using_threads` (the torch op
 passes ``torch.get_num_threads()``). Only one parallel launch runs at a time (numba's default
@@ -24,14 +31,14 @@ runs serially instead of waiting. Numba picks its threading layer at the first p
 (here GNU OpenMP, ``omp``, where libgomp is present): a process that forks after loading a kernel
 should start its children with ``spawn``, as GNU OpenMP is not fork-safe once its pool exists.
 
-JIT: :func:`warm_up` compiles (or loads from the on-disk cache) every variant a spec needs and
-returns the seconds spent; the sim device calls it at ``load()`` so no request pays for it.
-:func:`jit_seconds` reports the total so far.
+JIT: :func:`warm_up` compiles (or loads from the on-disk cache) every variant a plan needs and
+returns the seconds spent; the ``embedding`` kind calls it at a device's ``load()`` so no request
+pays for it. :func:`jit_seconds` reports the total so far.
 
 Example::
 
-    p = plan(spec)
-    out = run(p, tensors, {"indices": idx, "offsets": off})["out"]   # == kernels' reference()
+    p = plan(pooling)
+    out = run(p, [table0], [None], indices, offsets)   # == reference.lookup(...), or None
 """
 
 from __future__ import annotations
@@ -41,22 +48,21 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Sequence
 
 import numpy as np
 
-from offload.sim.embedding import MODES, product_type
-from offload.sim.errors import InputError
+from offload.sim.embedding.reference import MODES, Pooling, product_type
 from offload.sim.fixed import FixedType
 
-try:  # a core dependency; missing only in a broken install, where the NumPy reference still works
+try:  # a core dependency; missing only in a broken install, where the reference still works
     import numba
 except ImportError:  # pragma: no cover - exercised by the fallback test through _NUMBA
     numba = None
 
-__all__ = ["Plan", "plan", "run", "warm_up", "using_threads", "jit_seconds", "available"]
+__all__ = ["Plan", "plan", "run", "warm_up", "using_threads", "jit_seconds", "available", "acc32_ok"]
 
-# Replaced by None in tests to force the NumPy fallback.
+# Replaced by None in tests to force the reference.
 _NUMBA = numba
 _warned = False
 
@@ -123,17 +129,14 @@ class _TablePlan:
     params_w: np.ndarray  # the same for weighted calls (term cast from value x weight)
     plain: bool  # unweighted sum/mean of a non-row-wise table with exact terms and no overflow
     acc32: bool  # plain path may accumulate in int32
-    t: int  # table number
     col: int  # first output column
-    key: str  # tensor names: "table{t}", "params{t}"
-    pkey: str
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What :func:`run` needs for one spec; ``supported`` False means "use the NumPy reference"."""
+    """What :func:`run` needs for one pooling; ``supported`` False: :func:`run` answers None."""
 
-    spec: object
+    pooling: Pooling
     supported: bool
     reason: str
     tables: tuple[_TablePlan, ...]
@@ -172,54 +175,57 @@ def _cast_params(dst: FixedType, src: FixedType, exact_ok: bool) -> np.ndarray:
     return np.array([kind, sh, _ROUND[mode], _OVF[dst.overflow], dst.width, int(dst.signed), lo, hi], dtype=np.int64)
 
 
-def _table_params(spec, t: int, weighted: bool) -> tuple[np.ndarray, bool, bool]:
-    ts = spec.tables[t]
-    acc, out_t = spec.acc_type, spec.out_type
-    vt = spec.value_types[t]
-    src_t = product_type(vt, spec.weight_type) if weighted else vt
+def acc32_ok(max_bag_size: int, value_type: FixedType) -> bool:
+    """Whether a ``plain`` table's partial sums fit int32: ``max_bag_size * max|raw| < 2**31``.
+
+    Proof: a plain term is the raw value itself (the shift to ``acc_t`` is done once per bag), so
+    a partial sum of at most ``max_bag_size`` terms has magnitude at most ``max_bag_size * max|raw|``,
+    with ``max|raw| = max(-min_raw, max_raw)`` of the value type (tables hold raw values inside
+    their type: the kind's ``check_tensors``)."""
+    return max_bag_size * max(-value_type.min_raw, value_type.max_raw, 1) < 2**31
+
+
+def _table_params(p: Pooling, t: int, weighted: bool) -> tuple[np.ndarray, bool, bool]:
+    pt = p.tables[t]
+    acc, out_t = p.acc_type, p.out_type
+    vt = pt.value_type
+    src_t = product_type(vt, p.weight_type) if weighted else vt
     term = _cast_params(acc, src_t, exact_ok=True)
     if term[_C_KIND] == _EXACT:
         term_max = max(-src_t.min_raw, src_t.max_raw) << int(term[_C_SHIFT])
     else:
         term_max = max(-acc.min_raw, acc.max_raw)
-    # As the reference decides: per-step overflow handling only where a bag could overflow.
-    fit_acc = spec.mode != "max" and spec.max_bag_size * term_max > min(acc.max_raw, -acc.min_raw)
-    p = np.zeros(_P_LEN, dtype=np.int64)
-    p[_P_MODE] = _MODE[spec.mode]
-    p[_P_PAD] = -1 if ts.padding_idx is None else ts.padding_idx
-    p[_P_FITACC] = int(fit_acc)
-    p[_P_AHEAD] = PREFETCH_AHEAD
-    p[_P_WLO], p[_P_WHI] = spec.weight_type.min_raw, spec.weight_type.max_raw
-    p[_P_ACC:_P_ACC + _CAST_LEN] = _cast_params(acc, acc, exact_ok=False)  # acc_t(acc + t): shift 0, fit
-    p[_P_TERM:_P_TERM + _CAST_LEN] = term
+    # Per-step overflow handling only where a bag of up to max_bag_size terms could overflow.
+    fit_acc = p.mode != "max" and p.max_bag_size * term_max > min(acc.max_raw, -acc.min_raw)
+    v = np.zeros(_P_LEN, dtype=np.int64)
+    v[_P_MODE] = _MODE[p.mode]
+    v[_P_PAD] = -1 if pt.padding_idx is None else pt.padding_idx
+    v[_P_FITACC] = int(fit_acc)
+    v[_P_AHEAD] = PREFETCH_AHEAD
+    v[_P_WLO], v[_P_WHI] = p.weight_type.min_raw, p.weight_type.max_raw
+    v[_P_ACC:_P_ACC + _CAST_LEN] = _cast_params(acc, acc, exact_ok=False)  # acc_t(acc + t): shift 0, fit
+    v[_P_TERM:_P_TERM + _CAST_LEN] = term
     # Pooled values always lie in acc_t's range (no-overflow proof, saturation, or a single term), so
     # an output cast that maps that whole range exactly is a plain shift.
-    p[_P_OUT:_P_OUT + _CAST_LEN] = _cast_params(out_t, acc, exact_ok=True)
-    plain = bool(not weighted and not ts.rowwise and spec.mode != "max" and not fit_acc and term[_C_KIND] == _EXACT)
-    p[_P_SHIFT] = term[_C_SHIFT] if plain else 0
-    acc32 = plain and spec.max_bag_size * max(-vt.min_raw, vt.max_raw, 1) < 2**31
-    return p, plain, acc32
+    v[_P_OUT:_P_OUT + _CAST_LEN] = _cast_params(out_t, acc, exact_ok=True)
+    plain = bool(not weighted and not pt.rowwise and p.mode != "max" and not fit_acc and term[_C_KIND] == _EXACT)
+    v[_P_SHIFT] = term[_C_SHIFT] if plain else 0
+    return v, plain, plain and acc32_ok(p.max_bag_size, vt)
 
 
-def plan(spec) -> Plan:
-    """The fused plan of an :class:`offload.kernels.embedding.EmbeddingSpec` (cached on the spec)."""
-    cache = spec._cache
-    p = cache.get("fused_plan")
-    if p is not None:
-        return p
+def plan(p: Pooling) -> Plan:
+    """The fused plan of a pooling (the caller keeps it: it depends on nothing else)."""
     try:
         tables = []
         col = 0
-        for t in range(spec.num_tables):
-            pu, plain, acc32 = _table_params(spec, t, False)
-            pw, _, _ = _table_params(spec, t, True) if spec.mode == "sum" else (pu, False, False)
-            tables.append(_TablePlan(pu, pw, plain, acc32, t, col, f"table{t}", f"params{t}"))
-            col += spec.tables[t].dim
-        p = Plan(spec, True, "", tuple(tables))
+        for t, pt in enumerate(p.tables):
+            pu, plain, acc32 = _table_params(p, t, False)
+            pw = _table_params(p, t, True)[0] if p.mode == "sum" else pu
+            tables.append(_TablePlan(pu, pw, plain, acc32, col))
+            col += pt.dim
+        return Plan(p, True, "", tuple(tables))
     except _Unsupported as e:
-        p = Plan(spec, False, str(e), ())
-    cache["fused_plan"] = p
-    return p
+        return Plan(p, False, str(e), ())
 
 
 # ---------------------------------------------------------------------------------- the kernels
@@ -484,19 +490,16 @@ _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _WEIGHT_DTYPES = tuple(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32))
 
 
-def _shape_ok(spec, inputs: Mapping[str, np.ndarray]) -> bool:
-    """The cheap part of ``validate()`` (types, dtypes, ranks, lengths); the data rules run in the kernels."""
-    idx = inputs.get("indices")
-    off = inputs.get("offsets")
+def _shape_ok(p: Pooling, idx, off, w) -> bool:
+    """The cheap part of the input checks (types, dtypes, ranks, lengths); the data rules run in the kernels."""
     if type(idx) is not np.ndarray or type(off) is not np.ndarray:
         return False
     if idx.dtype not in _INDEX_DTYPES or off.dtype not in _INDEX_DTYPES or idx.ndim != 1 or off.ndim != 1:
         return False
-    if off.shape[0] < 1 or (off.shape[0] - 1) % spec.num_tables:
+    if off.shape[0] < 1 or (off.shape[0] - 1) % len(p.tables):
         return False
-    w = inputs.get("per_sample_weights")
     if w is not None:
-        if spec.mode != "sum" or type(w) is not np.ndarray or w.dtype not in _WEIGHT_DTYPES or w.shape != idx.shape:
+        if p.mode != "sum" or type(w) is not np.ndarray or w.dtype not in _WEIGHT_DTYPES or w.shape != idx.shape:
             return False
     return True
 
@@ -512,52 +515,46 @@ PARALLEL_MIN = 1 << 17
 _MAX_THREADS = numba.config.NUMBA_NUM_THREADS if numba is not None else 1
 
 
-def run(p: Plan, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], reference=None,
-        validate=None) -> dict[str, np.ndarray]:
-    """``{"out": raw out_type int64, B x total_dim}``, equal to ``reference(spec, tensors, inputs)``
-    bit for bit. ``reference`` serves specs the plan does not cover and runs when numba is missing
-    (with a one-time warning).
+def run(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndarray | None], indices: np.ndarray,
+        offsets: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray | None:
+    """Raw ``out_type``, int64, ``B x total_dim``: :func:`~offload.sim.embedding.reference.lookup`
+    of the same arguments bit for bit, or None where this path does not answer: an unsupported
+    plan, numba missing (warned once), or inputs that break a rule (a dtype, a length, offsets that
+    do not start at 0, decrease or miss the end, a bag longer than ``max_bag_size``, an index
+    outside its table, a weight outside ``weight_type``). Those rules are checked in Python (the
+    cheap ones) and in the compiled loops, before any table read they guard; on None the caller
+    checks the inputs itself and runs the reference.
 
-    Without ``validate``, ``inputs`` must have passed the kind's ``validate()``. With it, the checks
-    run here: the cheap ones in Python, the per-element ones (offsets, index and weight ranges) in
-    the compiled loops, before any table read they guard; on any failure ``validate(spec, tensors,
-    inputs)`` runs and raises its error (so messages and types are the kind's own).
+    ``tables[t]``/``params[t]``: as ``lookup`` takes them, holding raw values inside their types.
     """
-    return _run(p, tensors, inputs, reference, validate, PARALLEL_MIN)
+    return _run(p, tables, params, indices, offsets, weights, PARALLEL_MIN)
 
 
-def _run(p: Plan, tensors, inputs, reference, validate, parallel_min: int) -> dict[str, np.ndarray]:
-    spec = p.spec
-    if validate is not None and not _shape_ok(spec, inputs):
-        validate(spec, tensors, inputs)
-        validate = None  # validate() accepted what the cheap check refused: proceed as validated
+def _run(p: Plan, tables, params, idx, off, w, parallel_min: int) -> np.ndarray | None:
+    pooling = p.pooling
     if not p.supported or _NUMBA is None:
         if _NUMBA is None:
             _warn_once()
-        if validate is not None:
-            validate(spec, tensors, inputs)
-        return reference(spec, tensors, inputs)
-    idx = inputs["indices"]
+        return None
+    if not _shape_ok(pooling, idx, off, w):
+        return None
     if not (idx.flags.c_contiguous and idx.dtype.isnative):  # else a new variant would compile mid-request
         idx = np.ascontiguousarray(idx, dtype=idx.dtype.newbyteorder("="))
-    off = inputs["offsets"]
     if off.dtype != np.int64:
         off = off.astype(np.int64)
-    w = inputs.get("per_sample_weights")
     if w is not None and w.dtype != np.int64:
         w = w.astype(np.int64)
-    if validate is not None and not offsets_ok(off, idx.shape[0], spec.max_bag_size):
-        validate(spec, tensors, inputs)
-        # Valid offsets with a bag longer than the declared max_bag_size: the plan's overflow
-        # proofs do not cover it, the reference (which re-derives them from the call) does.
-        return reference(spec, tensors, inputs)
-    T = spec.num_tables
+    # The plan's overflow and int32 proofs hold for bags up to max_bag_size: checked for every call.
+    if not offsets_ok(off, idx.shape[0], pooling.max_bag_size):
+        return None
+    T = len(pooling.tables)
     B = (off.shape[0] - 1) // T
-    out = np.empty((B, spec.total_dim), dtype=np.int64)
+    total_dim = pooling.total_dim
+    out = np.empty((B, total_dim), dtype=np.int64)
     if B == 0:
-        return {"out": out}
+        return out
     nthreads = min(_threads.get(), _MAX_THREADS)
-    if nthreads > 1 and not (B > 1 and idx.shape[0] * spec.total_dim >= parallel_min and _parallel_lock.acquire(blocking=False)):
+    if nthreads > 1 and not (B > 1 and idx.shape[0] * total_dim >= parallel_min and _parallel_lock.acquire(blocking=False)):
         nthreads = 1
     bad = 0
     prev = 0
@@ -568,46 +565,38 @@ def _run(p: Plan, tensors, inputs, reference, validate, parallel_min: int) -> di
             prev = _NUMBA.get_num_threads()
             if prev != nthreads:
                 _NUMBA.set_num_threads(nthreads)
-        for tp in p.tables:
-            bad += _call_table(tp, tensors[tp.key], tensors.get(tp.pkey), idx, off, w, tp.t * B, B, out, tp.col, nthreads)
+        for t, tp in enumerate(p.tables):
+            bad += _call_table(tp, tables[t], params[t], idx, off, w, t * B, B, out, tp.col, nthreads)
     finally:
         if nthreads > 1:
             if prev != nthreads:
                 _NUMBA.set_num_threads(prev)
             _parallel_lock.release()
-    if bad:
-        if validate is not None:
-            validate(spec, tensors, inputs)
-        raise InputError("inputs: an index outside its table or a weight outside weight_type (call validate() first)")
-    return {"out": out}
+    return None if bad else out
 
 
 def _warn_once() -> None:
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn("offload.sim.embedding_fused: numba is not installed; using the NumPy reference "
-                      "(slower, same results)", RuntimeWarning, stacklevel=3)
+        warnings.warn("offload.sim.embedding.fused: numba is not installed; using the reference "
+                      "(slower, same results)", RuntimeWarning, stacklevel=4)
 
 
-def warm_up(spec, tensors: Mapping[str, np.ndarray]) -> float:
-    """Compile (or load from numba's disk cache) every variant ``spec`` can call, for both index
-    dtypes, serial and parallel; returns the seconds it took (0 when nothing was left to do)."""
-    p = plan(spec)
+def warm_up(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndarray | None]) -> float:
+    """Compile (or load from numba's disk cache) every variant ``p`` can call on these arrays, for
+    both index dtypes, serial and parallel; returns the seconds it took (0 when nothing was left to do)."""
     if not p.supported or _NUMBA is None:
         return 0.0
     t0 = time.perf_counter()
-    T = spec.num_tables
+    T = len(p.tables)
     for idx_dt in (np.int64, np.int32):
-        for weighted in ((False, True) if spec.mode == "sum" else (False,)):
+        for weighted in ((False, True) if p.pooling.mode == "sum" else (False,)):
             for threads in (1, 2):
                 B = 2
-                inputs = {"indices": np.zeros(0, dtype=idx_dt), "offsets": np.zeros(T * B + 1, dtype=np.int64)}
-                if weighted:
-                    inputs["per_sample_weights"] = np.zeros(0, dtype=np.int64)
+                w = np.zeros(0, dtype=np.int64) if weighted else None
                 with using_threads(threads):
-                    _run(p, tensors, inputs, None, None, 0)
-    offsets_ok(np.zeros(1, dtype=np.int64), 0, 1)
+                    _run(p, tables, params, np.zeros(0, dtype=idx_dt), np.zeros(T * B + 1, dtype=np.int64), w, 0)
     dt = time.perf_counter() - t0
     _jit_total[0] += dt
     return dt
