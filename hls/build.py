@@ -14,12 +14,14 @@
 ``golden_check`` C-simulates every kernel: a few generated inputs (random and adversarial:
 extreme indices, empty and full bags, weight extremes) go through the sim reference and through
 the generated C++ compiled with g++; any differing element is a mismatch. ``run_vitis`` runs the
-Makefile's commands step by step, reporting progress through callbacks, keeping each tool's log,
-and raising :class:`BuildError` with the tool's own ``ERROR`` lines when a step fails.
+Makefile's commands step by step (:func:`offload.hls.vitis.run_tool`), reporting progress through
+callbacks, keeping each tool's log, and raising :class:`BuildError` with the tool's own ``ERROR``
+lines when a step fails.
 
 Example::
 
     from offload.hls.build import write_project, golden_check, run_vitis
+    from offload.hls.vitis import missing_tools
     proj = write_project(bundle, "u55c", "build/u55c")
     assert all(r.mismatches == 0 for r in golden_check(bundle))
     if not missing_tools():
@@ -32,11 +34,9 @@ import json
 import os
 import re
 import shlex
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from offload.hls.connectivity import render, spread
 from offload.hls.ctop import load_top
 from offload.hls.registry import KernelPlacement, get_hls_kind
 from offload.hls.reports import ReportError, parse_report
+from offload.hls.vitis import run_tool
 from offload.kernels.registry import get_kind
 from offload.sim.errors import BuildError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
@@ -57,7 +58,6 @@ __all__ = [
     "write_project",
     "golden_check",
     "golden_inputs",
-    "missing_tools",
     "run_vitis",
     "collect_reports",
 ]
@@ -402,14 +402,6 @@ def golden_check(bundle: Any, *, cases: int = 3, seed: int = 0) -> list[GoldenRe
 # ------------------------------------------------------------------------------ running Vitis
 
 
-def missing_tools(tools: Sequence[str] = ("v++",)) -> list[str]:
-    """The Vitis tools (of ``tools``) not on PATH; the steps call ``v++``, which runs Vitis HLS itself."""
-    return [t for t in tools if shutil.which(t) is None]
-
-
-_ERROR_LINE = re.compile(r"^\s*(ERROR|FATAL)\b|\berror:", re.IGNORECASE)
-
-
 def run_vitis(
     project: Project,
     target: str = "hw",
@@ -420,7 +412,6 @@ def run_vitis(
     """Run the project's steps for ``target``; returns the xclbin. Logs go to ``logs/<target>/``."""
     steps = project.steps(target)
     logs = project.root / "logs" / target
-    logs.mkdir(parents=True, exist_ok=True)
     (project.root / "build" / target).mkdir(parents=True, exist_ok=True)
     for i, step in enumerate(steps):
         if on_step:
@@ -430,24 +421,13 @@ def run_vitis(
                 on_line(step, f"{step.output} is up to date")
             continue
         log = logs / (re.sub(r"[^A-Za-z0-9_.-]+", "_", step.name) + ".log")
-        errors: list[str] = []
-        with open(log, "w") as lf:
-            try:
-                proc = subprocess.Popen(step.argv, cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-            except FileNotFoundError as e:
-                raise BuildError(f"{step.name}: {step.argv[0]} is not on PATH ({e})") from None
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lf.write(line)
-                line = line.rstrip("\n")
-                if _ERROR_LINE.search(line):
-                    errors.append(line.strip())
-                if on_line:
-                    on_line(step, line)
-            rc = proc.wait()
-        if rc != 0:
-            shown = "\n".join(f"  {e}" for e in errors[:20]) or "  (the tool printed no ERROR line; see the log)"
-            raise BuildError(f"{step.name} failed (exit {rc}): {step.command}\n{shown}\nfull log: {log}")
+        try:
+            run = run_tool(step.argv, project.root, log, on_line=(lambda line, step=step: on_line(step, line)) if on_line else None)
+        except FileNotFoundError as e:
+            raise BuildError(f"{step.name}: {step.argv[0]} is not on PATH ({e})") from None
+        if run.returncode != 0:
+            shown = "\n".join(f"  {e}" for e in run.errors[:20]) or "  (the tool printed no ERROR line; see the log)"
+            raise BuildError(f"{step.name} failed (exit {run.returncode}): {step.command}\n{shown}\nfull log: {log}")
         if not (project.root / step.output).exists():
             raise BuildError(f"{step.name}: {step.argv[0]} exited 0 but did not write {step.output}; see {log}")
     return project.root / steps[-1].output

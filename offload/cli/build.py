@@ -68,6 +68,7 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
     from rich.table import Table
 
     from offload.hls import build as hb
+    from offload.hls.vitis import missing_tools
 
     con = _console()
     b = _load_bundle(bundle)
@@ -93,7 +94,7 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
     if not vitis:
         _print_left(con, project, steps, vitis_target, "Not run (no --vitis).")
         return
-    missing = hb.missing_tools()
+    missing = missing_tools()
     if missing:
         _print_left(con, project, steps, vitis_target, f"{', '.join(missing)} not found on PATH: the Vitis steps cannot run on this machine.")
         raise click.ClickException(f"--vitis: {', '.join(missing)} not on PATH (source Vitis' settings64.sh); the project is written, the steps above are left")

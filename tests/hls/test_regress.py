@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from offload.cli.regress import regress as regress_cmd
 from offload.hls import regress as R
+from offload.hls.regress.synth import entry_dir
 from offload.hls.reports import parse_xml
 from offload.kernels import catalogue as C
 
@@ -312,7 +313,7 @@ def test_csynth_compares_with_baseline(tmp_path, scale, expect_status, expect_co
     c = json.loads((tmp_path / "r.json").read_text())["results"][0]["checks"]["csynth"]
     assert c["status"] == expect_status
     assert c["data"]["metrics"]["LUT"] == 1870 and c["data"]["deltas"]["latency_max"]["baseline"] == base["latency_max"]
-    tcl = (work / R._slug(PICK[0]) / "fake.log").read_text()
+    tcl = (entry_dir(work, PICK[0]) / "fake.log").read_text()
     assert f"set_part {{{part}}}" in tcl and "create_clock -period 3.333" in tcl and "csynth_design" in tcl
     if expect_status != "pass":
         assert expect_status in out and "latency_max" in out

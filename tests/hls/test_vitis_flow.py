@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from offload.hls import regress
+from offload.hls.regress.synth import synth_entry
+from offload.hls.vitis import hls_tool
 from offload.hls.registry import get_hls_kind
 from offload.kernels.catalogue import entries, load_golden
 
@@ -64,7 +66,7 @@ def test_csynth_uses_the_hls_front_end_vitis_has(tmp_path, monkeypatch, present,
     assert regress.vitis_hls() == str(tmp_path / "bin" / used)
     name = "emb/sum/ap_fixed16_6/d16/bag20/t1"
     entry = entries(name)[0]
-    synth, _ = regress._run_vitis(entry, load_golden(name), tmp_path / "work", part=regress.DEFAULT_PART, clock_ns=4.0, cosim=False, timeout=60)
+    synth, _ = synth_entry(entry, load_golden(name), tmp_path / "work", part=regress.DEFAULT_PART, clock_ns=4.0, cosim=False, timeout=60)
     assert (tmp_path / f"{used}.args").read_text().split() == argv.split()
     assert synth.status == "error"  # the stand-in tool writes no report
 
@@ -72,7 +74,7 @@ def test_csynth_uses_the_hls_front_end_vitis_has(tmp_path, monkeypatch, present,
 def test_vitis_hls_env_may_name_vitis_run(tmp_path, monkeypatch):
     tool = _tool(tmp_path, "vitis-run")
     monkeypatch.setenv("VITIS_HLS", str(tool))
-    assert regress.hls_tool().command("run.tcl") == [str(tool), "--mode", "hls", "--tcl", "run.tcl"]
+    assert hls_tool().command("run.tcl") == [str(tool), "--mode", "hls", "--tcl", "run.tcl"]
 
 
 def test_connectivity_uses_the_documented_nk_form(tmp_path):
@@ -105,6 +107,6 @@ def test_cosim_refuses_golden_vectors_past_a_declared_depth(tmp_path, monkeypatc
     monkeypatch.setattr(hls_mlp, "COSIM_BATCH", 8)  # 24 golden samples
     assert regress.depth_shortfalls(g.kernel().spec, g.kernel().tensors, g.inputs) == [
         "port x gets 384 elements, its declared depth is 128", "port y gets 24 elements, its declared depth is 8"]
-    _, cos = regress._run_vitis(entries(name)[0], g, tmp_path / "work", part=regress.DEFAULT_PART, clock_ns=4.0, cosim=True, timeout=60)
+    _, cos = synth_entry(entries(name)[0], g, tmp_path / "work", part=regress.DEFAULT_PART, clock_ns=4.0, cosim=True, timeout=60)
     assert cos.status == "error" and "past the declared m_axi depth" in cos.detail
     assert not (tmp_path / "vitis_hls.args").exists()  # Vitis never started
