@@ -81,13 +81,3 @@ def test_full_size_tables_offload_within_bounds():
     assert res.comparison.min_cosine > 0.999
     assert res.auc_float > 0.65 and res.auc_offload >= res.auc_float - 0.01, (res.auc_float, res.auc_offload)
 
-
-def test_demo_section_passes_its_own_checks():
-    from rich.console import Console
-
-    from offload.demo.partition import partition_demo_section
-
-    console = Console(record=True, width=300)
-    assert partition_demo_section(console, full=False) is True
-    text = console.export_text()
-    assert "8 tables offloaded (1 table-batched call)" in text and "offload advise" in text
