@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import random
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -229,7 +230,8 @@ def _gen_1d(num_bags, max_per_bag, include_last_offset, allpad, rng):
 @pytest.mark.parametrize("mode, include_last_offset, allpad",
                          list(itertools.product(["max", "mean", "sum"], [False, True], [False, True])))
 def test_embedding_bag_1D_padding_idx(dtype, mode, include_last_offset, allpad):
-    rng = random.Random(hash((mode, include_last_offset, allpad)) % 1000)
+    # crc32 of the case's name, not hash(): str hashes are salted per process (PYTHONHASHSEED).
+    rng = random.Random(zlib.crc32(f"{mode}-{include_last_offset}-{allpad}".encode()))
     torch.manual_seed(4)
     idx, off = _gen_1d(10, 10, include_last_offset, allpad, rng)
     # The source loops over every index as padding_idx; a handful keeps the suite fast.
