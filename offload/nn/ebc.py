@@ -22,8 +22,10 @@ from typing import Optional, Sequence
 import torch
 
 from offload.host import Device
-from offload.kernels.embedding import DEFAULT_MAX_BAG_SIZE, DEFAULT_WEIGHT_TYPE, default_acc_type
-from offload.nn.embedding import TableBatchedEmbeddingBags, _float_table, _make_kernel, _table_spec
+from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE
+from offload.nn.embedding import TableBatchedEmbeddingBags
+from offload.nn.embedding_kernel import embedding_kernel, float_table, table_spec
+from offload.nn.fbgemm import from_fbgemm
 from offload.sim.errors import FormatError, InputError
 
 __all__ = ["EmbeddingBagCollection"]
@@ -75,8 +77,6 @@ class EmbeddingBagCollection(torch.nn.Module):
         if isinstance(ebc, QuantEBC):
             # None: the longest bag each quantized table sums exactly (offload.nn.fbgemm).
             return cls._from_quant(ebc, max_bag_size=max_bag_size, weight_type=weight_type, device=device)
-        if max_bag_size is None:
-            max_bag_size = DEFAULT_MAX_BAG_SIZE
         if not isinstance(ebc, torchrec.EmbeddingBagCollection):
             raise TypeError(f"ebc: expected a torchrec EmbeddingBagCollection (float or quantized), got {type(ebc).__name__}")
         by_mode: dict[str, list] = {}
@@ -88,21 +88,18 @@ class EmbeddingBagCollection(torch.nn.Module):
         groups = []
         for mode, cfgs in by_mode.items():
             bags = [ebc.embedding_bags[c.name] for c in cfgs]
-            ws = [_float_table(c.name, b.weight) for c, b in zip(cfgs, bags)]
-            tables = [_table_spec(c.name, w, fmt, None) for c, w in zip(cfgs, ws)]
+            ws = [float_table(c.name, b.weight) for c, b in zip(cfgs, bags)]
+            tables = [table_spec(c.name, w, fmt) for c, w in zip(cfgs, ws)]
             ftm = [t for t, c in enumerate(cfgs) for _ in c.feature_names]
-            acc = default_acc_type(tables, "sum", max_bag_size, weight_type) if mode == "mean" and ebc.is_weighted() else None
-            kernel = _make_kernel(f"ebc_{mode}", tables, ws, on_overflow, mode=mode, max_bag_size=max_bag_size,
-                                  weight_type=weight_type, acc_type=acc,
-                                  feature_table_map=None if ftm == list(range(len(cfgs))) else ftm)
+            kernel = embedding_kernel(f"ebc_{mode}", tables, ws, on_overflow=on_overflow, mode=mode, max_bag_size=max_bag_size,
+                                      weight_type=weight_type, weighted_mean=ebc.is_weighted(),
+                                      feature_table_map=None if ftm == list(range(len(cfgs))) else ftm)
             features = [f for c in cfgs for f in c.feature_names]
             groups.append((TableBatchedEmbeddingBags(kernel, device=device, dtype=dtype), features))
         return cls(groups, list(ebc._embedding_names), is_weighted=ebc.is_weighted(), weighted_mean=False)
 
     @classmethod
     def _from_quant(cls, qebc, *, max_bag_size: Optional[int], weight_type: str, device) -> "EmbeddingBagCollection":
-        from offload.nn.fbgemm import from_fbgemm
-
         # torchrec/quant/embedding_modules.py (1.8): one IntNBit TBE per (pooling, virtual table) key,
         # its features in _feature_names order, split by _feature_splits; output keys _embedding_names.
         groups, pos = [], 0

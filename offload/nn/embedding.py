@@ -28,24 +28,14 @@ import offload.ops.embedding  # noqa: F401  (registers torch.ops.offload.embeddi
 from offload.ops.resident import Resident, make_resident, release_resident
 from offload.host import Device
 from offload.kernels import Kernel
-from offload.kernels.embedding import (
-    DEFAULT_MAX_BAG_SIZE,
-    DEFAULT_WEIGHT_TYPE,
-    OVERFLOW_POLICIES,
-    ROWWISE,
-    EmbeddingSpec,
-    TableSpec,
-    make_kernel,
-    make_spec,
-    rowwise_param_type,
-)
+from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, OVERFLOW_POLICIES, EmbeddingSpec
+from offload.nn import fbgemm
+from offload.nn.embedding_kernel import embedding_kernel, float_table, table_spec
 from offload.sim import embedding as _sim
 from offload.sim.errors import (
-    FormatError,
     IndexDtypeError,
     InputError,
     InputTypeError,
-    OffloadError,
     OffsetsError,
     PerSampleWeightsDtypeError,
     UnsupportedError,
@@ -58,47 +48,6 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # accepted next to int32/int64), torch.nn.functional.embedding only int32/int64.
 _BAG_INDEX_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 _EMB_INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def _float_table(name: str, weight: torch.Tensor) -> np.ndarray:
-    """The table as float64 (exact for every torch float dtype); non-finite tables are refused."""
-    w = weight.detach().cpu().to(torch.float64).numpy()
-    bad = ~np.isfinite(w)
-    if bad.any():
-        r, c = np.argwhere(bad)[0]
-        raise InputError(f"{name}: {int(bad.sum())} non-finite table values (first weight[{int(r)}, {int(c)}] = {float(w[r, c])}); "
-                         "a fixed-point table cannot hold them")
-    return w
-
-
-def _table_spec(name: str, w: np.ndarray, fmt: str, padding_idx: Optional[int], bundle: Optional[str] = None) -> TableSpec:
-    rows, dim = w.shape
-    if fmt == ROWWISE:
-        return TableSpec(name, rows, dim, ROWWISE, rowwise_param_type(w), padding_idx, bundle)
-    return TableSpec(name, rows, dim, fmt, None, padding_idx, bundle)
-
-
-def _make_kernel(name: str, tables: Sequence[TableSpec], weights: Sequence[np.ndarray], on_overflow: str, **spec: object) -> Kernel:
-    """The quantized kernel of ``tables``. :mod:`offload.kernels.embedding` refuses with plain
-    ValueErrors in ``make_spec`` a type it cannot parse or hold (format, accumulator or product
-    too wide: the one conversion-time error for a ``max_bag_size`` the accumulator cannot cover);
-    here they become the hierarchy's refusals, which the partitioner turns into "kept on host"."""
-    if on_overflow not in OVERFLOW_POLICIES:
-        raise InputError(f"on_overflow: must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
-    if spec.get("max_bag_size") is None:
-        spec["max_bag_size"] = DEFAULT_MAX_BAG_SIZE
-    try:
-        kspec = make_spec(tables, **spec)
-    except OffloadError:
-        raise
-    except ValueError as e:
-        raise FormatError(str(e)) from e
-    try:
-        return make_kernel(name, kspec, list(weights), on_overflow=on_overflow)
-    except OffloadError:
-        raise
-    except ValueError as e:
-        raise InputError(str(e)) from e
 
 
 def _check_index_dtypes(allowed, indices: torch.Tensor, offsets: Optional[torch.Tensor]) -> None:
@@ -232,10 +181,10 @@ class EmbeddingBag(_SingleTable):
             raise InputTypeError(f"bag: expected torch.nn.EmbeddingBag, got {type(bag).__name__}")
         if bag.max_norm is not None:
             raise UnsupportedError("bag: max_norm renormalises rows at lookup time; not supported on the offload kernel")
-        w = _float_table(name, bag.weight)
-        ts = _table_spec(name, w, fmt, bag.padding_idx)
-        kernel = _make_kernel(name, [ts], [w], on_overflow, mode=bag.mode, max_bag_size=max_bag_size, acc_type=acc_type,
-                              out_type=out_type, weight_type=weight_type)
+        w = float_table(name, bag.weight)
+        ts = table_spec(name, w, fmt, bag.padding_idx)
+        kernel = embedding_kernel(name, [ts], [w], on_overflow=on_overflow, mode=bag.mode, max_bag_size=max_bag_size,
+                                  acc_type=acc_type, out_type=out_type, weight_type=weight_type)
         return cls(kernel, include_last_offset=bag.include_last_offset, device=device,
                    dtype=bag.weight.dtype if dtype is None else dtype, on_overflow=on_overflow)
 
@@ -312,9 +261,9 @@ class Embedding(_SingleTable):
             raise InputTypeError(f"emb: expected torch.nn.Embedding, got {type(emb).__name__}")
         if emb.max_norm is not None:
             raise UnsupportedError("emb: max_norm renormalises rows at lookup time; not supported on the offload kernel")
-        w = _float_table(name, emb.weight)
-        ts = _table_spec(name, w, fmt, None)
-        kernel = _make_kernel(name, [ts], [w], on_overflow, mode="sum", max_bag_size=1, out_type=out_type)
+        w = float_table(name, emb.weight)
+        ts = table_spec(name, w, fmt, None)
+        kernel = embedding_kernel(name, [ts], [w], on_overflow=on_overflow, mode="sum", max_bag_size=1, out_type=out_type)
         return cls(kernel, device=device, dtype=emb.weight.dtype if dtype is None else dtype, on_overflow=on_overflow,
                    padding_idx=emb.padding_idx)
 
@@ -358,17 +307,13 @@ class TableBatchedEmbeddingBags(_Resident):
         """From FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` (float tables, quantized to ``fmt``)
         or ``IntNBitTableBatchedEmbeddingBagsCodegen`` (INT8 row-wise tables, loaded exactly): same
         feature_table_map, pooling, bounds-check mode and output dtype. See :mod:`offload.nn.fbgemm`."""
-        from offload.nn.fbgemm import from_fbgemm
-
-        return from_fbgemm(cls, tbe, fmt, **kw)
+        return fbgemm.from_fbgemm(cls, tbe, fmt, **kw)
 
     @classmethod
     def from_rowwise(cls, packed: Sequence[torch.Tensor], layout: str = "fp32_end", **kw) -> "TableBatchedEmbeddingBags":
         """From pre-quantized int8 row-wise tables: ``layout="fp32_end"`` (torch's
         ``embedding_bag_byte_prepack``) or ``"fp16_front"`` (FBGEMM's IntNBit rows). See :mod:`offload.nn.fbgemm`."""
-        from offload.nn.fbgemm import from_rowwise
-
-        return from_rowwise(cls, packed, layout, **kw)
+        return fbgemm.from_rowwise(cls, packed, layout, **kw)
 
     @classmethod
     def from_float(
@@ -405,10 +350,10 @@ class TableBatchedEmbeddingBags(_Resident):
         if dtype is None:
             dtypes = {b.weight.dtype for b in bags}
             dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-        ws = [_float_table(n, b.weight) for n, b in zip(names, bags)]
-        tables = [_table_spec(n, w, f, b.padding_idx) for n, w, b, f in zip(names, ws, bags, fmts)]
-        kernel = _make_kernel(name, tables, ws, on_overflow, mode=modes.pop(), max_bag_size=max_bag_size,
-                              acc_type=acc_type, out_type=out_type, weight_type=weight_type)
+        ws = [float_table(n, b.weight) for n, b in zip(names, bags)]
+        tables = [table_spec(n, w, f, b.padding_idx) for n, w, b, f in zip(names, ws, bags, fmts)]
+        kernel = embedding_kernel(name, tables, ws, on_overflow=on_overflow, mode=modes.pop(), max_bag_size=max_bag_size,
+                                  acc_type=acc_type, out_type=out_type, weight_type=weight_type)
         return cls(kernel, device=device, dtype=dtype, on_overflow=on_overflow)
 
     @property
@@ -424,7 +369,5 @@ class TableBatchedEmbeddingBags(_Resident):
             if not per_sample_weights.dtype.is_floating_point:
                 raise InputTypeError(f"per_sample_weights: dtype must be floating point, got {per_sample_weights.dtype}")
         if self.bounds_check != "fatal":
-            from offload.nn.fbgemm import bounds_check
-
-            indices, offsets = bounds_check(self.bounds_check, self._feature_rows, indices, offsets)
+            indices, offsets = fbgemm.bounds_check(self.bounds_check, self._feature_rows, indices, offsets)
         return torch.ops.offload.embedding_lookup_tbe(self.rid, indices, offsets, per_sample_weights, self.dtype)

@@ -21,6 +21,7 @@ FBGEMM's float dequantization rounds it once to float32.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Optional, Sequence
 
 import numpy as np
@@ -28,8 +29,10 @@ import torch
 
 from offload.host import Device
 from offload.kernels import Kernel
-from offload.kernels.embedding import DEFAULT_MAX_BAG_SIZE, DEFAULT_WEIGHT_TYPE, ROWWISE, EmbeddingSpec, TableSpec, container_dtype, default_acc_type, longest_exact_bag, make_spec
+from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, ROWWISE, EmbeddingSpec, TableSpec, container_dtype, longest_exact_bag
+from offload.nn.embedding_kernel import embedding_kernel, embedding_spec, float_table, table_spec
 from offload.sim.errors import FormatError, InputError, InputIndexError
+from offload.sim.fixed import FixedType
 
 __all__ = ["BOUNDS_CHECK_MODES", "rowwise_params", "split_rowwise", "bounds_check", "rowwise_kernel", "from_fbgemm", "from_rowwise"]
 
@@ -39,42 +42,71 @@ BOUNDS_CHECK_MODES = {0: "fatal", 1: "warning", 2: "ignore", 3: "fatal", 4: "ign
 # SparseType values (fbgemm_gpu/split_embedding_configs.py) of the output dtypes offload returns.
 _OUTPUT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _POOLING = {0: "sum", 1: "mean"}  # PoolingMode.SUM, MEAN; NONE (2) returns unpooled rows
-# rowwise_value_type is Wp+9 bits and times the default weight_type's 20 must stay within 63.
-_MAX_PARAM_WIDTH = 63 - 9
+# The raw (scale, bias) pairs are stored in int64 containers; the kernel's own width rules
+# (value x weight products, the accumulator) refuse narrower types than this, and rowwise_kernel then
+# names the rows that need them.
+_MAX_PARAM_WIDTH = 64
+_NO_BITS = -(1 << 20)  # a zero's integer bits: below any finite float's (-1073)
 
 
-def _frac_bits(x: np.ndarray) -> int:
-    """Fewest fraction bits that hold every value of ``x`` (finite dyadic floats) exactly."""
-    x = x[x != 0]
-    if x.size == 0:
-        return 0
-    _, e = np.frexp(x)  # x = m * 2^e, 0.5 <= |m| < 1, m has at most 53 significant bits
-    for f in range(int(max(0, -e.max())), 1100):
-        s = np.ldexp(x, f)
-        if np.all(s == np.rint(s)):
-            return f
-    raise FormatError("scale/bias: not representable as fixed point")  # unreachable for finite floats
+def _exact_bits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per finite float64 value: the signed integer bits (negative below 0.5 in magnitude) and the
+    fraction bits that hold it exactly, so that ``ap_fixed<max(i) + max(f), max(i)>`` holds every
+    value of ``x``. Zero needs neither: ``_NO_BITS`` and 0."""
+    m, e = np.frexp(x)  # x = m * 2^e, 0.5 <= |m| < 1 (m = e = 0 for zero)
+    mant = np.ldexp(np.abs(m), 53).astype(np.int64)  # |x| = mant * 2^(e-53), mant < 2^53: exact
+    low = (mant & -mant).astype(np.float64)  # lowest set bit, a power of two
+    tz = np.frexp(low)[1] - 1
+    nz = mant > 0
+    frac = np.where(nz, np.maximum(0, 53 - e - tz), 0)
+    # |x| lies in [2^(e-1), 2^e): e integer bits and a sign bit; a negative power of two is the
+    # two's complement minimum of e bits and a sign, so it needs one bit fewer.
+    ints = np.where(nz, e + 1 - ((x < 0) & (mant == 1 << 52)), _NO_BITS)
+    return ints.astype(np.int64), frac.astype(np.int64)
 
 
-def rowwise_params(scale: np.ndarray, bias: np.ndarray, max_width: int = _MAX_PARAM_WIDTH) -> tuple[str, np.ndarray]:
+def _culprits(s: np.ndarray, b: np.ndarray, ints: np.ndarray, frac: np.ndarray) -> str:
+    """The rows whose values set the shared type's integer and fraction bits, with the values."""
+    n = s.shape[0]
+
+    def name(i: int) -> str:
+        r = i % n
+        return f"row {r} ({'scale' if i < n else 'bias'} {float(s[r] if i < n else b[r])!r})"
+
+    i, f = int(np.argmax(ints)), int(np.argmax(frac))
+    if frac[f] == 0 or i == f:
+        return name(i)
+    if i % n == f % n:
+        return f"row {i % n} (scale {float(s[i % n])!r}, bias {float(b[i % n])!r})"
+    return f"{name(i)} with {name(f)}"
+
+
+def rowwise_params(scale: np.ndarray, bias: np.ndarray, max_width: int = _MAX_PARAM_WIDTH, *,
+                   table: str = "scale/bias") -> tuple[str, np.ndarray]:
     """The narrowest ``ap_fixed`` holding every ``scale`` and ``bias`` exactly, and the raw
-    ``rows x 2`` (scale, bias) in it. Refuses non-finite or negative scales and types over ``max_width``."""
+    ``rows x 2`` (scale, bias) in it. Refuses non-finite or negative scales and types wider than
+    ``max_width`` with an error naming the row and the value (``table`` prefixes it)."""
     s = np.asarray(scale, dtype=np.float64).reshape(-1)
     b = np.asarray(bias, dtype=np.float64).reshape(-1)
-    if not (np.isfinite(s).all() and np.isfinite(b).all()):
-        raise InputError("scale/bias: non-finite values in the row-wise parameters")
+    bad = ~(np.isfinite(s) & np.isfinite(b))
+    if bad.any():
+        r = int(np.argmax(bad))
+        raise InputError(f"{table}: row {r}: scale {float(s[r])!r}, bias {float(b[r])!r}: non-finite row-wise parameters")
     if s.size and s.min() < 0:
-        raise InputError(f"scale: must be >= 0 (FBGEMM's row-wise scale is range/255), got {s.min()}")
+        r = int(np.argmin(s))
+        raise InputError(f"{table}: row {r}: scale {float(s[r])!r} must be >= 0 (FBGEMM's row-wise scale is range/255)")
     both = np.concatenate([s, b])
-    f = _frac_bits(both)
-    raw = np.ldexp(both, f).astype(np.int64) if both.size else both.astype(np.int64)
-    mag = int(np.abs(raw).max(initial=0))
-    width = max(2, mag.bit_length() + 1)
+    ints, frac = _exact_bits(both)
+    f = int(frac.max(initial=0))
+    width = max(2, int(ints.max(initial=_NO_BITS)) + f)
+    ptype = f"ap_fixed<{width},{width - f},AP_RND_CONV,AP_SAT>"
     if width > max_width:
-        raise FormatError(f"scale/bias: exact fixed point needs {width} bits (limit {max_width}); "
-                          "these rows' scale and bias span too many binades")
+        raise FormatError(f"{table}: {_culprits(s, b, ints, frac)} needs {ptype} to hold every scale and bias exactly, "
+                          f"wider than {max_width} bits")
+    # Exact: each value times 2^f is an integer below 2^(width-1) <= 2^63 in magnitude.
+    raw = np.ldexp(both, f).astype(np.int64)
     n = s.shape[0]
-    return f"ap_fixed<{width},{width - f},AP_RND_CONV,AP_SAT>", np.stack([raw[:n], raw[n:]], axis=1)
+    return ptype, np.stack([raw[:n], raw[n:]], axis=1)
 
 
 def split_rowwise(packed: torch.Tensor, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,14 +131,12 @@ def split_rowwise(packed: torch.Tensor, layout: str) -> tuple[np.ndarray, np.nda
 
 def _rowwise_table(name: str, codes: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> tuple[TableSpec, dict[str, np.ndarray]]:
     codes = np.array(codes, dtype=np.uint8)  # a copy: rows of zero scale are rewritten below
-    ptype, params = rowwise_params(scale, bias)
+    ptype, params = rowwise_params(scale, bias, table=f"table {name!r}")
     # A zero scale (a constant row) is code*0 + bias = bias: code 0 with the smallest scale is the same
     # value, and the kernel's params need scale >= 1 lsb.
     zero = params[:, 0] == 0
     codes[zero] = 0
     params[zero, 0] = 1
-    from offload.sim.fixed import FixedType
-
     ts = TableSpec(name, codes.shape[0], codes.shape[1], ROWWISE, ptype)
     return ts, {"table": codes, "params": params.astype(container_dtype(FixedType.parse(ptype)))}
 
@@ -114,25 +144,34 @@ def _rowwise_table(name: str, codes: np.ndarray, scale: np.ndarray, bias: np.nda
 def rowwise_kernel(name: str, tables: Sequence[tuple[str, np.ndarray, np.ndarray, np.ndarray]], *, mode: str = "sum",
                    feature_table_map: Optional[Sequence[int]] = None, max_bag_size: Optional[int] = None,
                    weight_type: str = DEFAULT_WEIGHT_TYPE, weighted_mean: bool = False) -> Kernel:
-    """A kernel over pre-quantized row-wise tables ``(name, codes, scale, bias)``, stored exactly."""
+    """A kernel over pre-quantized row-wise tables ``(name, codes, scale, bias)``, stored exactly.
+    A table whose scale and bias need a type the kernel cannot take is refused with a
+    :class:`FormatError` naming the rows and values that set the type."""
     specs, tensors = [], {}
     for t, (tname, codes, scale, bias) in enumerate(tables):
         ts, ten = _rowwise_table(tname, codes, scale, bias)
         specs.append(ts)
         tensors[f"table{t}"], tensors[f"params{t}"] = ten["table"], ten["params"]
-    return Kernel(name, _spec(specs, mode, feature_table_map, max_bag_size, weight_type, weighted_mean), tensors)
+    try:
+        spec = _spec(specs, mode, feature_table_map, max_bag_size, weight_type, weighted_mean)
+    except FormatError as e:
+        # Refused again with the narrowest scale/bias type: the other arguments are the cause.
+        _spec([replace(ts, param_type="ap_fixed<2,2>") for ts in specs], mode, feature_table_map, max_bag_size, weight_type, weighted_mean)
+        # Otherwise the widest table's rows set the type the kernel refused: name them.
+        t = max(range(len(specs)), key=lambda i: FixedType.parse(specs[i].param_type).width)
+        tname, _, scale, bias = tables[t]
+        s = np.asarray(scale, dtype=np.float64).reshape(-1)
+        b = np.asarray(bias, dtype=np.float64).reshape(-1)
+        rows = _culprits(s, b, *_exact_bits(np.concatenate([s, b])))
+        raise FormatError(f"table {tname!r}: {rows} needs {specs[t].param_type} to hold every scale and bias exactly; {e}") from e
+    return Kernel(name, spec, tensors)
 
 
 def _spec(tables, mode, feature_table_map, max_bag_size, weight_type, weighted_mean) -> EmbeddingSpec:
     if max_bag_size is None:  # exact fp32 scale/bias make wide values: the longest bag that still sums exactly
         max_bag_size = longest_exact_bag(tables, "sum" if weighted_mean else mode, weight_type)
-    try:
-        # Weighted means need the sum's accumulator (room for the weights' integer bits).
-        acc = default_acc_type(tables, "sum", max_bag_size, weight_type) if weighted_mean and mode == "mean" else None
-        return make_spec(tables, mode=mode, max_bag_size=max_bag_size, acc_type=acc, weight_type=weight_type,
-                         feature_table_map=feature_table_map)
-    except ValueError as e:
-        raise FormatError(str(e)) from e
+    return embedding_spec(tables, mode=mode, max_bag_size=max_bag_size, weight_type=weight_type,
+                          feature_table_map=feature_table_map, weighted_mean=weighted_mean)
 
 
 def bounds_check(mode: str, rows: Sequence[int], indices: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,16 +255,10 @@ def from_fbgemm(cls, tbe, fmt: str = "ap_fixed<16,6>", *, max_bag_size: Optional
     if isinstance(tbe, IntNBitTableBatchedEmbeddingBagsCodegen):
         kernel = intnbit_kernel(tbe, name=name, mode=mode, feature_table_map=ftm_arg, max_bag_size=max_bag_size, weight_type=weight_type)
     else:
-        from offload.nn.embedding import _float_table, _make_kernel, _table_spec
-
-        weights = [_float_table(f"t{t}", w) for t, w in enumerate(tbe.split_embedding_weights())]
-        tables = [_table_spec(f"t{t}", w, fmt, None) for t, w in enumerate(weights)]
-        # Weighted means need the sum's accumulator (room for the weights' integer bits).
-        if max_bag_size is None:
-            max_bag_size = DEFAULT_MAX_BAG_SIZE
-        acc = default_acc_type(tables, "sum", max_bag_size, weight_type) if mode == "mean" else None
-        kernel = _make_kernel(name, tables, weights, on_overflow, mode=mode, max_bag_size=max_bag_size, weight_type=weight_type,
-                              acc_type=acc, feature_table_map=ftm_arg)
+        weights = [float_table(f"t{t}", w) for t, w in enumerate(tbe.split_embedding_weights())]
+        tables = [table_spec(f"t{t}", w, fmt) for t, w in enumerate(weights)]
+        kernel = embedding_kernel(name, tables, weights, on_overflow=on_overflow, mode=mode, max_bag_size=max_bag_size,
+                                  weight_type=weight_type, feature_table_map=ftm_arg, weighted_mean=True)
     return cls(kernel, device=device, dtype=_output_dtype(tbe), bounds_check=bounds)
 
 
