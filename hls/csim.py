@@ -37,6 +37,7 @@ __all__ = [
     "ap_types_include",
     "nnet_utils_include",
     "offload_include",
+    "toolchain",
     "build",
     "run",
     "load_library",
@@ -93,6 +94,14 @@ def _compiler() -> tuple[str, str]:
         raise ToolchainMissing("g++ not found on PATH (set CXX to use another compiler)")
     ver = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout.splitlines()
     return cxx, (ver[0] if ver else "")
+
+
+def toolchain() -> str:
+    """What C-simulation builds with, ``"<compiler>: <its version line>"``, once the ap_types headers
+    are found too; :class:`ToolchainMissing` says what is missing."""
+    ap_types_include()
+    cxx, version = _compiler()
+    return f"{cxx}: {version}" if version else cxx
 
 
 @dataclass(frozen=True)

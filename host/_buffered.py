@@ -154,6 +154,14 @@ class BufferedDevice:
         outputs = self._execute(loaded, values, timeout)
         return loaded.hls.unpack_outputs(k.spec, inputs, outputs)
 
+    def bind_rows(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[[np.ndarray], np.ndarray] | None:
+        """None: a call here packs, syncs and unpacks buffers whatever the rows, so there is no
+        prepared call to hand out; callers use :meth:`run`. A closed device or a foreign handle is
+        refused as :meth:`run` refuses it."""
+        self._check_open()
+        self._get(handle)
+        return None
+
     def submit(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
         """Run asynchronously; the future resolves to :meth:`run`'s result (or its error)."""
         with self._lock:

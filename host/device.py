@@ -1,8 +1,18 @@
-"""The device protocol, the device registry and ``open_device``.
+"""The device protocol, the device registry, ``open_device`` and ``probe_devices``.
 
 Every device (sim, emu, xrt, pynq) implements :class:`Device`. Kernels are loaded once (their
 resident tensors uploaded) and then run many times with per-call inputs. All devices are
 thread-safe: the torch ops and the scoring service call them from several threads.
+
+A backend whose devices depend on the host (a compiler, a driver, a card) gives its factory a
+``probe()`` that says what it finds without opening anything (:class:`Probe`);
+:func:`probe_devices` asks every registered backend, which is all ``offload devices`` prints.
+
+Example::
+
+    from offload.host.device import probe_devices
+    for p in probe_devices():
+        print(p.backend, p.available, p.devices, p.why)
 """
 
 from __future__ import annotations
@@ -24,9 +34,11 @@ __all__ = [
     "DeviceTimeout",
     "DeviceInfo",
     "KernelHandle",
+    "Probe",
     "open_device",
     "default_device",
     "register_device",
+    "probe_devices",
 ]
 
 
@@ -38,6 +50,27 @@ class DeviceInfo:
     kind: str
     description: str
     details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one backend finds on this host: whether it can open a device, which ones, and why (not).
+
+    ``devices``: one line per device it can open (``"xrt:0 0000:3b:00.1 xilinx_u55c_..."``);
+    ``why``: the versions found, or what is missing and how to get it.
+
+    Example::
+
+        Probe("emu", False, (), "g++ not found on PATH (set CXX to use another compiler)")
+    """
+
+    backend: str
+    available: bool
+    devices: tuple[str, ...] = ()
+    why: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "available": self.available, "devices": list(self.devices), "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -68,6 +101,18 @@ class Device(Protocol):
         """Run asynchronously; the future resolves to ``run``'s result."""
         ...
 
+    def bind_rows(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[[np.ndarray], np.ndarray] | None:
+        """A prepared rows-to-rows call of ``handle`` (the kernel's one input and one output, an
+        ndarray in) for inputs already checked by the kind's input check, or ``None`` when the
+        device has none: then call :meth:`run`. ``fp32``: FP32 rows in, float32 out, bit for bit
+        ``run``'s output ``.astype(np.float32)``. Unchecked rows give undefined outputs.
+
+        Example::
+
+            score = dev.bind_rows(h) or (lambda x: dev.run(h, {"x": x})["y"])
+        """
+        ...
+
     def load_bundle(self, bundle: Any) -> dict[str, KernelHandle]:
         """Load every kernel of an :class:`offload.host.bundle.Bundle` (the card backends first load
         its xclbin, checking the UUID the bundle recorded); kernel name -> handle."""
@@ -88,8 +133,28 @@ _LOCK = threading.Lock()
 
 def register_device(prefix: str) -> Callable[[DeviceFactory], DeviceFactory]:
     """Class decorator: register a device backend under ``prefix`` (``"sim"``, ``"xrt"``); the
-    factory (usually the class) gets the full spec string."""
+    factory (usually the class) gets the full spec string. A factory with a ``probe()`` (a
+    classmethod returning :class:`Probe`) reports what it finds to :func:`probe_devices`."""
     return DEVICES.register(prefix)
+
+
+def probe_devices() -> list[Probe]:
+    """What every registered backend finds on this host, by backend name.
+
+    A backend without ``probe()`` needs nothing from the host and is reported available. A probe
+    that raises is reported as unavailable with its error: one broken backend does not hide the others.
+    """
+    found = []
+    for prefix in DEVICES.names():
+        probe = getattr(DEVICES.get(prefix), "probe", None)
+        if probe is None:
+            found.append(Probe(prefix, True, (prefix,), "needs nothing from this host (the backend has no probe)"))
+            continue
+        try:
+            found.append(probe())
+        except Exception as e:  # noqa: BLE001 - reported against its backend
+            found.append(Probe(prefix, False, (), f"probing failed: {type(e).__name__}: {e}"))
+    return found
 
 
 def open_device(spec: str | None = None) -> Device:

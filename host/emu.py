@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from offload.hls import csim
 from offload.hls.ctop import CTop, load_top
 from offload.host._buffered import BufferedDevice, Loaded
 from offload.host._pool import BufferPool
-from offload.host.device import register_device
+from offload.host.device import Probe, register_device
 
 __all__ = ["EmuDevice", "load_top"]
 
@@ -51,6 +52,15 @@ class EmuDevice(BufferedDevice):
     def __init__(self, spec: str = "emu") -> None:
         super().__init__(spec)
         self._pool: BufferPool[np.ndarray] = BufferPool(_alloc_device)
+
+    @classmethod
+    def probe(cls) -> Probe:
+        """Available where C-simulation can build: a C++ compiler and hls4ml's ap_types headers."""
+        try:
+            built_with = csim.toolchain()
+        except csim.ToolchainMissing as e:
+            return Probe("emu", False, (), str(e))
+        return Probe("emu", True, ("emu",), f"HLS C++ built with {built_with}")
 
     def _upload(self, loaded: Loaded, resident: dict[str, np.ndarray]) -> _EmuKernel:
         top = load_top(loaded.kernel.spec)

@@ -48,11 +48,13 @@ import numpy as np
 from offload.host._buffered import BufferedDevice, Loaded, next_live_cu
 from offload.host._pool import BufferPool
 from offload.host.bundle import xclbin_uuid
-from offload.host.device import DeviceError, DeviceTimeout, register_device
+from offload.host.device import DeviceError, DeviceTimeout, Probe, register_device
+from offload.host.xrt import xrt_version
 
 __all__ = ["PynqDevice", "import_pynq", "PYNQ_RANGE"]
 
 PYNQ_RANGE = ">=3.0,<3.1"
+MAX_XRT = (2, 16)  # PYNQ 3.0 calls xclProbe, which XRT dropped after 2.16
 _FIX = f"install it with `pip install 'offload[pynq]'` (pynq{PYNQ_RANGE}: PYNQ 3.0.x drives PCIe Alveo cards with XRT 2.12 .. 2.16)"
 _POLL_MS = 1  # one _handle_events slice: the card lock is held at most this long per slice
 
@@ -75,10 +77,14 @@ def import_pynq():
     return pynq
 
 
+def _major_minor(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+
+
 def pynq_too_new(version: str) -> bool:
     """PYNQ 3.1 and later probe no PCIe card (``XrtDevice._probe_`` returns ``[]`` at v3.1)."""
-    nums = [int(x) for x in re.findall(r"\d+", version)[:2]]
-    return len(nums) == 2 and tuple(nums) >= (3, 1)
+    nums = _major_minor(version)
+    return len(nums) == 2 and nums >= (3, 1)
 
 
 def sanitized(tag: str) -> str:
@@ -130,6 +136,28 @@ class PynqDevice(BufferedDevice):
         self._compute_units: dict[str, list[str]] = {}
         self._resident_bufs: list[Any] = []
         self._pool: BufferPool[Any] = BufferPool(self._alloc, free=lambda b: b.freebuffer())
+
+    @classmethod
+    def probe(cls) -> Probe:
+        """The cards PYNQ enumerates, or why it enumerates none (no PYNQ, a PYNQ or an XRT too new for PCIe cards)."""
+        needs = f"PYNQ 3.0.x (pip install 'offload[pynq]', pynq{PYNQ_RANGE}) with XRT 2.12 .. 2.16"
+        try:
+            import pynq  # type: ignore[import-not-found]
+        except ImportError:
+            return Probe("pynq", False, (), f"no pynq: needs {needs}")
+        version = str(getattr(pynq, "__version__", "?"))
+        if pynq_too_new(version):
+            return Probe("pynq", False, (), f"PYNQ {version} probes no PCIe card (XrtDevice is deprecated from 3.1); needs {needs}")
+        xrt = xrt_version()
+        if xrt and _major_minor(xrt) > MAX_XRT:
+            return Probe("pynq", False, (), f"XRT {xrt} is too new for PYNQ 3.0 (it needs XRT 2.12 .. 2.16); use the xrt backend")
+        try:
+            devices, err = list(pynq.Device.devices), ""
+        except RuntimeError as e:
+            devices, err = [], str(e)
+        names = tuple(f"pynq:{i} {getattr(d, 'name', d)}" for i, d in enumerate(devices))
+        found = f"{len(names)} card(s)" if names else f"no card enumerated{': ' + err if err else ''}"
+        return Probe("pynq", bool(names), names, f"PYNQ {version}; {found}")
 
     def load_xclbin(self, path: str | os.PathLike, expected_uuid: str | None = None, compute_units: Mapping[str, list[str]] | None = None) -> None:
         """Program the card with ``path`` through ``pynq.Overlay``; checks the UUID when one is expected."""

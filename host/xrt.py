@@ -41,7 +41,11 @@ Example::
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -53,10 +57,10 @@ import numpy as np
 
 from offload.host._buffered import BufferedDevice, Loaded, next_live_cu
 from offload.host._pool import BufferPool
-from offload.host.device import DeviceError, DeviceTimeout, register_device
+from offload.host.device import DeviceError, DeviceTimeout, Probe, register_device
 from offload.sim.errors import InputError
 
-__all__ = ["XrtDevice", "XrtApi", "import_pyxrt", "pyxrt_import_problem", "xrt_api", "count_devices", "MIN_XRT"]
+__all__ = ["XrtDevice", "XrtApi", "import_pyxrt", "pyxrt_import_problem", "xrt_api", "count_devices", "xrt_version", "MIN_XRT"]
 
 _MIN_BO = 64  # XRT refuses zero-byte buffer objects
 MIN_XRT = "2.12"
@@ -127,6 +131,37 @@ def count_devices(pyxrt: Any, api: XrtApi) -> int:
     return n
 
 
+def xrt_version() -> str | None:
+    """The installed XRT's version, or None when nothing says: a version attribute of pyxrt where
+    it has one, else ``$XILINX_XRT/version.json`` (XRT's setup.sh sets XILINX_XRT), else ``xbutil --version``."""
+    try:
+        import pyxrt  # type: ignore[import-not-found]
+    except ImportError:
+        pyxrt = None
+    v = getattr(pyxrt, "__version__", None) or getattr(pyxrt, "version", None)
+    if isinstance(v, str) and v:
+        return v
+    home = os.environ.get("XILINX_XRT")
+    if home:
+        try:
+            d = json.loads((Path(home) / "version.json").read_text())
+        except (OSError, ValueError):
+            d = {}
+        v = d.get("BUILD_VERSION") or d.get("version") if isinstance(d, dict) else None
+        if v:
+            return str(v)
+    xbutil = shutil.which("xbutil")
+    if xbutil:
+        try:
+            out = subprocess.run([xbutil, "--version"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        m = re.search(r"Version\s*:\s*([0-9][0-9.]*)", out)
+        if m:
+            return m.group(1)
+    return None
+
+
 @dataclass
 class _Cu:
     name: str
@@ -164,6 +199,28 @@ class XrtDevice(BufferedDevice):
         self._compute_units: dict[str, list[str]] = {}
         self._pool: BufferPool[Any] = BufferPool(self._alloc_bo)
         self.reopens = 0
+
+    @classmethod
+    def probe(cls) -> Probe:
+        """The cards XRT sees (index, PCIe BDF, platform name) and XRT's version, or why there are none."""
+        try:
+            import pyxrt  # type: ignore[import-not-found]
+        except ImportError as e:
+            return Probe("xrt", False, (), pyxrt_import_problem(e))
+        cards, err = [], ""
+        try:
+            n = count_devices(pyxrt, xrt_api(pyxrt))  # enumerate_devices only from XRT 2.17
+        except (RuntimeError, DeviceError) as e:  # DeviceError: XRT older than 2.12
+            n, err = 0, str(e)
+        for i in range(n):
+            try:
+                d = pyxrt.device(i)
+                cards.append(f"xrt:{i} {d.get_info(pyxrt.xrt_info_device.bdf)} {d.get_info(pyxrt.xrt_info_device.name)}")
+            except RuntimeError as e:
+                cards.append(f"xrt:{i} (cannot open: {e})")
+        found = f"{len(cards)} card(s)" if cards else (
+            f"no card found{': ' + err if err else ''} (is the card flashed and the xocl driver loaded? `xbutil examine`)")
+        return Probe("xrt", bool(cards), tuple(cards), f"XRT {xrt_version() or 'version unknown'}; {found}")
 
     def _open(self) -> Any:
         t = self._target

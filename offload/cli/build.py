@@ -4,16 +4,12 @@ bundle holds, and which devices this host can open (and why not)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import click
 
-from offload.hls import csim
 from offload.hls.cards import CARDS
 
 __all__ = ["build_cmd", "info_cmd", "devices_cmd"]
@@ -236,107 +232,15 @@ def info_cmd(bundle: str, as_json: bool) -> None:
 
 # --------------------------------------------------------------------------------------- devices
 
-_PYNQ_MAX_XRT = (2, 16)
-
-
-def _xrt_version(pyxrt: Any | None) -> str | None:
-    """XRT's version: pyxrt's own attribute, /opt/xilinx/xrt/version.json, or `xbutil --version`."""
-    v = getattr(pyxrt, "__version__", None) or getattr(pyxrt, "version", None) if pyxrt is not None else None
-    if isinstance(v, str) and v:
-        return v
-    vj = Path("/opt/xilinx/xrt/version.json")
-    if vj.is_file():
-        try:
-            d = json.loads(vj.read_text())
-            v = d.get("BUILD_VERSION") or d.get("version")
-            if v:
-                return str(v)
-        except (OSError, ValueError):
-            pass
-    xbutil = shutil.which("xbutil")
-    if xbutil:
-        try:
-            out = subprocess.run([xbutil, "--version"], capture_output=True, text=True, timeout=20).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        m = re.search(r"Version\s*:\s*([0-9][0-9.]*)", out)
-        if m:
-            return m.group(1)
-    return None
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
-
-
-def probe_devices() -> list[dict]:
-    """What each backend can open on this host: ``{"backend", "available", "devices", "why"}``."""
-    found: list[dict] = [{"backend": "sim", "available": True, "devices": ["sim"], "why": "NumPy reference models"}]
-    try:
-        csim.ap_types_include()
-        cxx = shutil.which("g++") or None
-        if cxx is None and not os.environ.get("CXX"):
-            raise csim.ToolchainMissing("g++ not found on PATH")
-        found.append({"backend": "emu", "available": True, "devices": ["emu"], "why": "HLS C++ built with g++"})
-    except Exception as e:
-        found.append({"backend": "emu", "available": False, "devices": [], "why": str(e)})
-
-    from offload.host.device import DeviceError
-    from offload.host.pynq import PYNQ_RANGE, pynq_too_new
-    from offload.host.xrt import count_devices, pyxrt_import_problem, xrt_api
-
-    pyxrt = None
-    try:
-        import pyxrt  # type: ignore[import-not-found]
-    except ImportError as e:
-        found.append({"backend": "xrt", "available": False, "devices": [], "why": pyxrt_import_problem(e)})
-    xrt_ver = _xrt_version(pyxrt)
-    if pyxrt is not None:
-        cards, err = [], ""
-        try:
-            n = count_devices(pyxrt, xrt_api(pyxrt))  # enumerate_devices only from XRT 2.17
-        except (RuntimeError, DeviceError) as e:  # DeviceError: XRT older than 2.12
-            n, err = 0, str(e)
-        for i in range(n):
-            try:
-                d = pyxrt.device(i)
-                cards.append(f"xrt:{i} {d.get_info(pyxrt.xrt_info_device.bdf)} {d.get_info(pyxrt.xrt_info_device.name)}")
-            except RuntimeError as e:
-                cards.append(f"xrt:{i} (cannot open: {e})")
-        why = f"XRT {xrt_ver or 'version unknown'}" + (f"; {len(cards)} card(s)" if cards else f"; no card found{': ' + err if err else ''} (is the card flashed and the xocl driver loaded? `xbutil examine`)")
-        found.append({"backend": "xrt", "available": bool(cards), "devices": cards, "why": why})
-
-    pynq_hint = f"PYNQ 3.0.x (pip install 'offload[pynq]', pynq{PYNQ_RANGE}) with XRT 2.12 .. 2.16"
-    try:
-        import pynq  # type: ignore[import-not-found]
-    except ImportError:
-        found.append({"backend": "pynq", "available": False, "devices": [], "why": f"no pynq: needs {pynq_hint}"})
-    else:
-        pynq_ver = str(getattr(pynq, "__version__", "?"))
-        if pynq_too_new(pynq_ver):
-            found.append({"backend": "pynq", "available": False, "devices": [], "why": f"PYNQ {pynq_ver} probes no PCIe card (XrtDevice is deprecated from 3.1); needs {pynq_hint}"})
-        elif xrt_ver and _version_tuple(xrt_ver) > _PYNQ_MAX_XRT:
-            found.append({"backend": "pynq", "available": False, "devices": [], "why": f"XRT {xrt_ver} is too new for PYNQ 3.0 (it needs XRT 2.12 .. 2.16); use the xrt backend"})
-        else:
-            try:
-                devs = list(pynq.Device.devices)
-            except RuntimeError as e:
-                devs, err = [], str(e)
-            else:
-                err = ""
-            names = [f"pynq:{i} {getattr(d, 'name', d)}" for i, d in enumerate(devs)]
-            why = f"PYNQ {pynq_ver}" + (f"; {len(names)} card(s)" if names else f"; no card enumerated{': ' + err if err else ''}")
-            found.append({"backend": "pynq", "available": bool(names), "devices": names, "why": why})
-    return found
-
-
 @click.command("devices")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def devices_cmd(as_json: bool) -> None:
-    """Which devices this host can open, and why the others are not available."""
+    """Which devices this host can open, and why the others are not available (each backend's probe)."""
     from rich.table import Table
 
-    found = probe_devices()
+    from offload.host.device import probe_devices
+
+    found = [p.to_json() for p in probe_devices()]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return

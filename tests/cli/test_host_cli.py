@@ -84,3 +84,33 @@ def test_devices_explain_why_not(fakes, monkeypatch):
     d = _devices()
     assert not d["xrt"]["available"] and "no card found" in d["xrt"]["why"]
     assert not d["pynq"]["available"] and "XRT 2.17.319 is too new for PYNQ 3.0 (it needs XRT 2.12 .. 2.16)" in d["pynq"]["why"]
+
+
+def test_devices_asks_every_registered_backend(monkeypatch):
+    """The command knows no backend: a new one's probe shows up, one without a probe needs nothing,
+    and a probe that breaks is reported against its own backend only."""
+    import offload.host.device as device
+    from offload.kernels.registry import Registry
+
+    class Plain:
+        pass
+
+    class Card:
+        @classmethod
+        def probe(cls):
+            return device.Probe("card", True, ("card:0 slot 3",), "driver 1.2")
+
+    class Broken:
+        @classmethod
+        def probe(cls):
+            raise OSError("driver gone")
+
+    reg = Registry("device backend")
+    for name, factory in (("plain", Plain), ("card", Card), ("broken", Broken)):
+        reg.register(name, factory)
+    monkeypatch.setattr(device, "DEVICES", reg)
+    d = _devices()
+    assert set(d) == {"plain", "card", "broken"}
+    assert d["plain"]["available"] and d["plain"]["devices"] == ["plain"]
+    assert d["card"] == {"backend": "card", "available": True, "devices": ["card:0 slot 3"], "why": "driver 1.2"}
+    assert not d["broken"]["available"] and "OSError: driver gone" in d["broken"]["why"]

@@ -94,6 +94,33 @@ def test_handles_and_close():
     b.close()
 
 
+def test_bind_rows_is_none_on_a_buffered_device_and_refused_as_run_is():
+    """Every call here marshals buffers, so there is no prepared rows call: the caller runs it."""
+    a, b = EmuDevice("emu"), EmuDevice("emu:other")
+    h = a.load(sa.make_kernel())
+    assert a.bind_rows(h) is None and a.bind_rows(h, fp32=True) is None
+    with pytest.raises(DeviceError, match="does not belong"):
+        b.bind_rows(h)
+    a.close()
+    with pytest.raises(DeviceError, match="closed"):
+        a.bind_rows(h)
+    b.close()
+
+
+def test_probe_names_the_compiler_or_what_is_missing(monkeypatch):
+    from offload.hls import csim
+
+    p = EmuDevice.probe()
+    assert p.available and p.devices == ("emu",) and csim.toolchain() in p.why
+
+    def missing():
+        raise csim.ToolchainMissing("g++ not found on PATH (set CXX to use another compiler)")
+
+    monkeypatch.setattr(csim, "toolchain", missing)
+    p = EmuDevice.probe()
+    assert not p.available and p.devices == () and "g++ not found" in p.why
+
+
 def test_default_device_from_environment(monkeypatch):
     monkeypatch.setenv("OFFLOAD_DEVICE", "emu")
     d = open_device()

@@ -38,9 +38,9 @@ def test_pynq_3_1_is_refused_with_the_pin(monkeypatch):
     install_fakes(monkeypatch, xrt="2.16", pynq="3.1")
     with pytest.raises(DeviceError, match=r"PYNQ 3\.1\.2 no longer probes PCIe Alveo cards.*pynq>=3\.0,<3\.1"):
         open_device("pynq:0")
-    from offload.cli.build import probe_devices
+    from offload.host.device import probe_devices
 
-    p = next(f for f in probe_devices() if f["backend"] == "pynq")
+    p = next(q.to_json() for q in probe_devices() if q.backend == "pynq")
     assert not p["available"] and "3.1.2 probes no PCIe card" in p["why"] and "pynq>=3.0,<3.1" in p["why"]
 
 

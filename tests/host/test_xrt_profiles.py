@@ -27,11 +27,11 @@ def _want(b, inp):
 # -- 5: cards on XRT without enumerate_devices ---------------------------------------------------
 def test_devices_are_listed_on_every_xrt(fakes):
     """``enumerate_devices`` is bound only from XRT 2.17: older XRT is probed by opening cards."""
-    from offload.cli.build import probe_devices
+    from offload.host.device import probe_devices
 
     pyxrt, _ = fakes
     pyxrt.set_devices([{"bdf": "0000:3b:00.1", "name": "u55c"}, {"bdf": "0000:d8:00.1", "name": "u250"}])
-    xrt = next(f for f in probe_devices() if f["backend"] == "xrt")
+    xrt = next(p.to_json() for p in probe_devices() if p.backend == "xrt")
     assert xrt["available"], xrt
     assert xrt["devices"] == ["xrt:0 0000:3b:00.1 u55c", "xrt:1 0000:d8:00.1 u250"]
 
@@ -41,9 +41,9 @@ def test_xrt_older_than_2_12_is_refused(monkeypatch):
     install_fakes(monkeypatch, xrt="2.11")
     with pytest.raises(DeviceError, match=r"XRT 2\.12 or later"):
         open_device("xrt:0")
-    from offload.cli.build import probe_devices
+    from offload.host.device import probe_devices
 
-    xrt = next(f for f in probe_devices() if f["backend"] == "xrt")
+    xrt = next(p.to_json() for p in probe_devices() if p.backend == "xrt")
     assert not xrt["available"] and "2.12 or later" in xrt["why"]
 
 
@@ -169,9 +169,9 @@ def test_pyxrt_built_for_another_python_is_named(monkeypatch, tmp_path):
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     with pytest.raises(DeviceError, match=rf"installed but Python {py} cannot import it.*version mismatch.*system Python"):
         open_device("xrt:0")
-    from offload.cli.build import probe_devices
+    from offload.host.device import probe_devices
 
-    xrt = next(f for f in probe_devices() if f["backend"] == "xrt")
+    xrt = next(p.to_json() for p in probe_devices() if p.backend == "xrt")
     assert f"Python {py} cannot import it" in xrt["why"] and "no pyxrt" not in xrt["why"]
 
 
