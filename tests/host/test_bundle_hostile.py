@@ -98,10 +98,33 @@ def test_the_bundle_folder_itself_may_be_reached_through_a_link(tmp_path):
 # ---------------------------------------------------------------------------- 2. sizes
 
 
-def test_a_manifest_over_the_size_limit_is_refused_unread(tmp_path):
+def _bytes_read() -> int:
+    """Bytes this process has read through read() calls so far (Linux: /proc/self/io rchar);
+    a sparse file's holes count too, so reading the manifest shows whatever its disk usage."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="counts reads through /proc/self/io (Linux)")
+@pytest.mark.parametrize("over", [0, 1])
+def test_a_manifest_over_the_size_limit_is_refused_unread(tmp_path, over):
+    """At the limit the manifest is read (and refused as JSON); one byte over, refused by its size
+    before any of it is read."""
     p = save(_kernels(), tmp_path / "m")
-    os.truncate(p / "manifest.json", _manifest.MAX_MANIFEST_BYTES + 1)  # sparse: costs no disk
-    _refused(p, f"manifest.json is {_manifest.MAX_MANIFEST_BYTES + 1} bytes, over the limit of {_manifest.MAX_MANIFEST_BYTES}")
+    size = _manifest.MAX_MANIFEST_BYTES + over
+    os.truncate(p / "manifest.json", size)  # sparse: costs no disk
+    before = _bytes_read()
+    with pytest.raises(BundleError) as e:
+        load(p)
+    read = _bytes_read() - before
+    if over:
+        assert f"manifest.json is {size} bytes, over the limit of {_manifest.MAX_MANIFEST_BYTES}" in str(e.value)
+        assert read < 1 << 20, f"{read} bytes read while refusing a manifest by its size"
+    else:
+        assert "over the limit" not in str(e.value)
+        assert read >= size  # the counter sees a whole read of the file (so it would see one above)
 
 
 @pytest.mark.parametrize("depth", [5000, _manifest.MAX_JSON_DEPTH + 1])
