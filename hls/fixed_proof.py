@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from offload.sim import FixedType, _fixed_core, add_type, mul_type, sub_type
+from offload.sim import FixedType, add_type, mul_type, sub_type
 
 from . import csim
 
@@ -154,7 +154,15 @@ def _pattern(raw: np.ndarray, t: FixedType) -> np.ndarray:
 
 
 def _raw(pattern: np.ndarray, t: FixedType) -> np.ndarray:
-    return _fixed_core.to_raw(pattern.astype(np.uint64), t)
+    """A W-bit pattern the C++ wrote -> raw values of ``t`` (sign-extended int64, or uint64 for a 64-bit
+    unsigned type). Decoded here, not by offload.sim, whose conversions these programs check."""
+    p = pattern.astype(np.uint64)
+    if t.width == 64:
+        return p.view(np.int64) if t.signed else p
+    if not t.signed:
+        return p.astype(np.int64)
+    sign = np.uint64(1) << np.uint64(t.width - 1)
+    return ((p ^ sign) - sign).view(np.int64)
 
 
 def run_cases(cases: Sequence[Case], inputs: Sequence) -> list:
