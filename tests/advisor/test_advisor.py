@@ -40,9 +40,16 @@ def test_mlp_prediction_scales_with_reuse_and_batch():
     # Pipelined: each extra sample costs II = max(reuse, input beats) cycles, not a full latency.
     pb = predict_mlp(card, sizes, batch=1001, reuse_factor=4)
     assert pb.kernel_cycles - p4.kernel_cycles == 1000 * 4
-    # Transfers: slope 1/PCIe bandwidth in bytes.
+    # Transfers: the slope against the link's datasheet rate, not the model's own constant. PCIe Gen3
+    # x16 (DS978, the U55C data sheet; the PCI-SIG Base Specification 3.0: 8 GT/s a lane, 128b/130b
+    # encoding) moves 8e9 * 16 * 128/130 / 8 = 15.75 GB/s raw each way. hls/cards.py takes 12 GB/s
+    # for DMA, "~76 % of raw": the modelled rate must be that fraction of the datasheet figure, and
+    # never above the raw rate.
+    raw_bps = 8e9 * 16 * (128 / 130) / 8
     t1, t2 = transfer_s(card, [1000], [0]), transfer_s(card, [1_001_000], [0])
-    assert t2 - t1 == pytest.approx(1e6 / card.pcie_bps)
+    modelled_bps = 1e6 / (t2 - t1)
+    assert modelled_bps <= raw_bps
+    assert modelled_bps / raw_bps == pytest.approx(0.76, abs=0.005)
 
 
 def test_lookup_prediction_parallel_channels_and_memory_budget():
