@@ -2,22 +2,28 @@
 with an error bound that follows from the format alone, and torch's own FBGEMM 8-bit row-wise
 kernels (``quantized::embedding_bag_byte_prepack`` / ``embedding_bag_byte_rowwise_offsets``).
 
-The bound is the format's, not the code's: 8-bit codes give 255 steps over a row's range, so a
-code is at most half a step, ``range / 510``, from the value it stands for. offload keeps the
-row's scale and bias in a fixed-point ``param_type`` instead of FBGEMM's floats, which may widen
-the step by at most one lsb of that type (the bias is floored, the scale rounded up), and the
-float32 output rounds once more. A scale computed with the wrong denominator (say 127) doubles
-the step and breaks the bound on almost every row of a 64-wide table.
+No bound reads the parameter type offload chose (a coarser type would pass its own oracle):
+
+- Rows quantized by offload (``from_float``): 8-bit codes give 255 steps over a row's range, so a
+  code is at most half a step, ``range / 510``, from the value it stands for. Scale and bias are
+  held in the type ``rowwise_param_type`` documents: 24 bits, integer bits just enough (ap_fixed's
+  signed range) for the table's largest ``max(|row min|, row range / 255)``; its lsb is computed here
+  from the data. Bias floored and scale rounded up by less than one lsb widen the step to at most
+  ``(range + lsb) / 255 + lsb``; the float32 output rounds once more (half an ulp).
+- FBGEMM's own rows (``from_rowwise``): the value FBGEMM computes is ``code * scale + bias`` rounded
+  once to float32, and offload holds the same codes, scale and bias exactly, so a row is within half
+  an ulp of float32 of the exact value; a bag's sum is exact, then rounded once.
 """
 
 from __future__ import annotations
+
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
 import offload
-from offload.sim.fixed import FixedType
 
 ROWS, DIM = 200, 64
 
@@ -33,52 +39,77 @@ def _table(seed: int) -> torch.nn.EmbeddingBag:
     return bag
 
 
-def _row_bound(w: np.ndarray, lsb: float) -> np.ndarray:
-    rng = w.max(axis=1) - w.min(axis=1)
-    # half a code step of FBGEMM's format, one param lsb of offload's fixed-point scale/bias
-    # (times the 255 steps a code can span: the scale's extra lsb moves the top code by 255 lsb,
-    # plus the floored bias), and float32's rounding of the result.
-    return rng / 510.0 + 256.0 * lsb + np.abs(w).max(axis=1) * 2.0**-23
+def _format_lsb(w: np.ndarray, width: int = 24) -> float:
+    """The lsb of the scale/bias type ``rowwise_param_type`` documents for ``w``: ``width`` bits,
+    the fewest signed integer bits ``I`` with ``m < 2^(I-1)``."""
+    m = max(np.abs(w.min(axis=1)).max(), ((w.max(axis=1) - w.min(axis=1)) / 255.0).max())
+    integer = int(np.floor(np.log2(m))) + 2
+    return 2.0 ** (integer - width)
+
+
+def _half_ulp32(y: np.ndarray) -> np.ndarray:
+    return np.spacing(np.abs(np.asarray(y, dtype=np.float32))).astype(np.float64) / 2
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_each_dequantized_row_is_within_the_format_bound_of_the_float_row(seed):
     bag = _table(seed)
     m = offload.nn.EmbeddingBag.from_float(bag, fmt="int8_rowwise", device="sim")
-    lsb = float(FixedType.parse(m.spec.tables[0].param_type).lsb)
     idx = torch.arange(ROWS)
     got = m(idx, torch.arange(ROWS)).double().numpy()  # one row a bag: the dequantized rows
     w = bag.weight.detach().double().numpy()
-    err = np.abs(got - w).max(axis=1)
-    bound = _row_bound(w, lsb)
+    lsb = _format_lsb(w)
+    rng = w.max(1) - w.min(1)
+    # Half the widened step, then float32's rounding of the output.
+    bound = ((rng + lsb) / 255.0 + lsb)[:, None] / 2 + _half_ulp32(got)
+    err = np.abs(got - w)
     assert (err <= bound).all(), (err / bound).max()
     # The bound is not slack: the codes really use half-step rounding on most rows.
-    assert (err > 0.25 * (w.max(1) - w.min(1)) / 510.0).mean() > 0.9
+    assert (err.max(1) > 0.25 * rng / 510.0).mean() > 0.9
+
+
+def _exact_fraction_bits(*arrays: np.ndarray) -> int:
+    """Fraction bits that hold every (dyadic, float) value of ``arrays`` exactly."""
+    return max(Fraction(float(v)).denominator.bit_length() - 1 for a in arrays for v in np.asarray(a, dtype=np.float64).ravel())
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_bags_match_torch_fbgemm_rowwise_kernel_within_the_format_bound(mode):
+def test_fbgemm_rows_match_torch_fbgemm_rowwise_kernel_within_float32_rounding(mode):
     bag = _table(3)
-    bag.mode = mode
-    m = offload.nn.EmbeddingBag.from_float(bag, fmt="int8_rowwise", device="sim")
-    lsb = float(FixedType.parse(m.spec.tables[0].param_type).lsb)
+    w = bag.weight.detach().float()
+    packed = torch.ops.quantized.embedding_bag_byte_prepack(w)
+    # Rows whose ranges span 12 binades need 44-bit exact scale/bias; unweighted bags leave room by a
+    # narrow weight_type (README: value times weight must fit 63 bits).
+    m = offload.nn.TableBatchedEmbeddingBags.from_rowwise([packed], layout="fp32_end", mode=mode, weight_type="ap_fixed<8,4>", device="sim")
+    # The exact values: fp32_end rows are [codes, fp32 scale, fp32 bias]; float64 holds each
+    # code * scale (8 x 24 bits) plus bias (within 9 binades of it here) exactly.
+    p = packed.numpy()
+    codes = p[:, :-8].astype(np.float64)
+    sb = np.ascontiguousarray(p[:, -8:]).view("<f4").astype(np.float64)
+    rows = codes * sb[:, :1] + sb[:, 1:]
+    # One-row bags: FBGEMM's value is code * scale + bias rounded once to float32; offload's is the
+    # same exact value rounded once: both within half an ulp of float32 of it.
+    one = torch.arange(ROWS)
+    ours1 = m(one, torch.arange(ROWS + 1)).double().numpy()
+    theirs1 = torch.ops.quantized.embedding_bag_byte_rowwise_offsets(packed, one, one, False, 0, False, None, None, False).double().numpy()
+    assert (np.abs(ours1 - rows) <= _half_ulp32(ours1)).all()
+    assert (np.abs(theirs1 - rows) <= _half_ulp32(theirs1)).all()
+    # Bags: offload sums the exact values in fixed point and rounds once to float32; a mean is
+    # rounded (half away) to the accumulator's grid first, which keeps at least the values' own
+    # fraction bits (those of the exact fp32 scale and bias). float64's own sum of the exact rows
+    # adds at most n * 2^-53 of their magnitudes.
     g = torch.Generator().manual_seed(4)
     lens = torch.randint(1, 30, (64,), generator=g)
     idx = torch.randint(0, ROWS, (int(lens.sum()),), generator=g)
-    off = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)[:-1]])
-    ours = m(idx, off).double()
-    w = bag.weight.detach().float()
-    packed = torch.ops.quantized.embedding_bag_byte_prepack(w)
-    # mode 0 (sum): this CPU kernel returns sums whatever mode it is given, so the mean is formed here.
-    theirs = torch.ops.quantized.embedding_bag_byte_rowwise_offsets(packed, idx, off, False, 0, False, None, None, False).double()
+    off = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+    ours = m(idx, off).double().numpy()
+    ends, ix = off.tolist(), idx.numpy()
+    n = lens.numpy()[:, None].astype(np.float64)
+    exact = np.stack([rows[ix[a:b]].sum(0) for a, b in zip(ends[:-1], ends[1:])])
+    absum = np.stack([np.abs(rows[ix[a:b]]).sum(0) for a, b in zip(ends[:-1], ends[1:])])
+    f64 = n * 2.0 ** -53 * absum
     if mode == "mean":
-        theirs = theirs / lens.double()[:, None]
-    # Each entry of a bag: offload within its bound of the float row, FBGEMM within half a step
-    # (its float scale/bias carry no lsb term) plus float32 rounding.
-    wn = w.double().numpy()
-    per_row = torch.from_numpy(_row_bound(wn, lsb) + (wn.max(1) - wn.min(1)) / 510.0 + np.abs(wn).max(1) * 2.0**-22)
-    ends = torch.cat([off[1:], torch.tensor([idx.numel()])])
-    bound = torch.stack([per_row[idx[a:b]].sum() / (1 if mode == "sum" else (b - a)) for a, b in zip(off.tolist(), ends.tolist())])
-    # Pooling adds float32 rounding of the sum in both kernels.
-    bound = bound + ours.abs().max(dim=1).values * 2.0**-20
-    assert ((ours - theirs).abs().max(dim=1).values <= bound).all()
+        exact, f64 = exact / n, f64 / n
+    grid = 2.0 ** -(_exact_fraction_bits(sb) + 1) if mode == "mean" else 0.0
+    tol = _half_ulp32(ours) + grid + f64
+    assert (np.abs(ours - exact) <= tol).all(), (np.abs(ours - exact) / tol).max()
