@@ -1,4 +1,4 @@
-"""Runs a ScoringService on a real uvicorn server in a background thread (port chosen by the OS)."""
+"""Runs the service's REST app on a real uvicorn server in a background thread (port chosen by the OS)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,18 @@ import threading
 import time
 
 import uvicorn
+
+from offload.serve import DataPlane
+from offload.serve.rest import rest_app
+
+
+class Service:
+    """A data plane and its REST app, as the tests drive them."""
+
+    def __init__(self, bundle, config=None, **kw) -> None:
+        self.plane = DataPlane(bundle, config, **kw)
+        self.app = rest_app(self.plane)
+        self.metrics, self.runner, self.model = self.plane.metrics, self.plane.runner, self.plane.model
 
 
 @contextlib.contextmanager

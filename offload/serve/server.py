@@ -1,11 +1,12 @@
 """``offload serve``: the REST routes on uvicorn (uvloop + httptools) and, with a gRPC port, the
 gRPC service on grpc.aio, both on one event loop over one data plane.
 
-SIGTERM/SIGINT: readiness goes off at once; for ``DRAIN_LINGER_S`` the listener stays open, so
-connections already in the accept backlog and requests already on their way over keep-alive
-connections are read and answered (every answer then says ``Connection: close``); then the
-listener closes and every request already read is answered (a result, 504 or 503) within
-``drain_timeout_s``.
+SIGTERM/SIGINT: readiness goes off at once; for ``DRAIN_LINGER_S`` the listener stays open and
+serves as before, so connections already in the accept backlog are read and answered (closing the
+listener resets them, fully sent requests included); then the listener closes, each open
+connection answers what it has or what is on its way (``rest/limits.py``) with ``Connection:
+close``, and every request already read is answered (a result, 504 or 503) within
+``drain_timeout_s``. gRPC answers UNAVAILABLE from the signal on, then stops (``grpc/server.py``).
 """
 
 from __future__ import annotations
@@ -25,11 +26,9 @@ from offload.serve.config import ServeConfig
 from offload.serve.dataplane import DataPlane
 from offload.serve.errors import ConfigError
 from offload.serve.rest import rest_app
-from offload.serve.rest.limits import HttpLimits, default_max_connections, limited_protocol
+from offload.serve.rest.limits import DRAIN_LINGER_S, HttpLimits, default_max_connections, limited_protocol
 
-__all__ = ["serve", "is_loopback", "check_port", "DRAIN_LINGER_S"]
-
-DRAIN_LINGER_S = 0.5
+__all__ = ["serve", "is_loopback", "check_port"]
 
 
 def is_loopback(host: str) -> bool:

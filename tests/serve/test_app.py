@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 import _serve_standin as standin
-from _serve_live import live
+from _serve_live import Service, live
 from offload.host import open_device
-from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
 
 tritonhttp = pytest.importorskip("tritonclient.http")
@@ -44,7 +43,7 @@ def bundle():
 
 
 def test_stock_triton_client_json_and_binary(bundle):
-    svc = ScoringService(bundle, ServeConfig(device="sim"))
+    svc = Service(bundle, ServeConfig(device="sim"))
     with live(svc.app) as url:
         c = tritonhttp.InferenceServerClient(url)
         assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("risk")
@@ -72,7 +71,7 @@ def test_concurrent_requests_each_get_their_own_rows(bundle, device):
     # A 3 ms batching window and 200 concurrent requests: batches must form, and every response
     # must still be exactly the single-row sim result for that request's own rows. "sim" runs
     # batches on the event loop; "flaky" (a sim that never fails here) runs them on the worker thread.
-    svc = ScoringService(bundle, ServeConfig(device=device, max_batch_size=32, max_queue_delay_us=3000, max_queue_size=1000))
+    svc = Service(bundle, ServeConfig(device=device, max_batch_size=32, max_queue_delay_us=3000, max_queue_size=1000))
     rng = np.random.default_rng(7)
     sizes = rng.integers(1, 4, 200)
     xs = [rng.uniform(-4, 4, (int(n), N_IN)).astype(np.float32) for n in sizes]
@@ -129,7 +128,7 @@ HOSTILE = [
 
 
 def test_hostile_input_gets_4xx_json_and_service_keeps_serving(bundle):
-    svc = ScoringService(bundle, ServeConfig(device="sim", max_batch_size=64, max_body_bytes=64 * 1024))
+    svc = Service(bundle, ServeConfig(device="sim", max_batch_size=64, max_body_bytes=64 * 1024))
     good = np.linspace(-1, 1, N_IN, dtype=np.float32).reshape(1, N_IN)
     with live(svc.app) as url, httpx.Client(base_url=f"http://{url}", timeout=10) as c:
         for desc, body, headers, status, words in HOSTILE:
@@ -171,7 +170,7 @@ def test_full_queue_answers_503_at_once_and_timeouts_504(bundle):
     standin.GatedDevice.gate.clear()
     standin.GatedDevice.batches.clear()
     cfg = ServeConfig(device="gated", fallback="503", max_batch_size=1, max_queue_delay_us=0, max_queue_size=2, request_timeout_ms=20000)
-    svc = ScoringService(bundle, cfg)
+    svc = Service(bundle, cfg)
     x = np.zeros((1, N_IN), np.float32)
 
     async def go(url):
@@ -193,7 +192,7 @@ def test_full_queue_answers_503_at_once_and_timeouts_504(bundle):
     assert first.status_code == 200 and all(r.status_code == 200 for r in queued)
 
     standin.GatedDevice.gate.clear()
-    svc = ScoringService(bundle, ServeConfig(device="gated", fallback="503", max_batch_size=1, max_queue_delay_us=0, request_timeout_ms=200))
+    svc = Service(bundle, ServeConfig(device="gated", fallback="503", max_batch_size=1, max_queue_delay_us=0, request_timeout_ms=200))
     with live(svc.app) as url, httpx.Client(base_url=f"http://{url}", timeout=30) as c:
         r = c.post("/v2/models/risk/infer", json=_body(x))
         standin.GatedDevice.gate.set()
@@ -202,7 +201,7 @@ def test_full_queue_answers_503_at_once_and_timeouts_504(bundle):
 
 @pytest.mark.parametrize("timeout", [False, True], ids=["error", "timeout"])
 def test_device_fault_fails_over_to_sim_bit_identical_then_reopens(bundle, timeout):
-    svc = ScoringService(bundle, ServeConfig(device="flaky", fallback="sim", max_batch_size=16, reopen_backoff_s=0.05))
+    svc = Service(bundle, ServeConfig(device="flaky", fallback="sim", max_batch_size=16, reopen_backoff_s=0.05))
     dev = standin.FlakyDevice.instances[-1]
     dev.fail_next, dev.timeout = 1, timeout
     x = np.random.default_rng(3).normal(size=(4, N_IN)).astype(np.float32)
@@ -223,7 +222,7 @@ def test_device_fault_fails_over_to_sim_bit_identical_then_reopens(bundle, timeo
 
 
 def test_device_fault_with_503_fallback_and_failed_reopen(bundle):
-    svc = ScoringService(bundle, ServeConfig(device="flaky", fallback="503", reopen_backoff_s=0.05))
+    svc = Service(bundle, ServeConfig(device="flaky", fallback="503", reopen_backoff_s=0.05))
     dev = standin.FlakyDevice.instances[-1]
     dev.fail_next = 1
     standin.FlakyDevice.fail_opens = 2  # the first two reopen attempts fail: the service retries
@@ -240,7 +239,7 @@ def test_device_fault_with_503_fallback_and_failed_reopen(bundle):
 
 
 def test_api_key(bundle):
-    svc = ScoringService(bundle, ServeConfig(device="sim", api_key="s3cret"))
+    svc = Service(bundle, ServeConfig(device="sim", api_key="s3cret"))
     x = np.ones((1, N_IN), np.float32)
     with live(svc.app) as url, httpx.Client(base_url=f"http://{url}", timeout=10) as c:
         assert c.get("/v2/health/live").status_code == 200
@@ -258,7 +257,7 @@ def test_api_key(bundle):
 def test_a_device_bug_is_a_device_fault_that_fails_over(bundle):
     # A binding's RuntimeError is a device failure like any other (issue 15 item 9): the batch is
     # re-run on the sim device, the fault is counted, and the device reopens.
-    svc = ScoringService(bundle, ServeConfig(device="flaky", reopen_backoff_s=0.05))
+    svc = Service(bundle, ServeConfig(device="flaky", reopen_backoff_s=0.05))
     dev = standin.FlakyDevice.instances[-1]
     x = np.ones((1, N_IN), np.float32)
     with live(svc.app) as url, httpx.Client(base_url=f"http://{url}", timeout=10) as c:

@@ -10,9 +10,8 @@ import orjson
 import pytest
 
 import _serve_standin as standin
-from _serve_live import live
+from _serve_live import Service, live
 from offload.loadgen.closedloop import run_closed
-from offload.serve.app import ScoringService
 from offload.serve.config import ServeConfig
 
 
@@ -20,7 +19,7 @@ from offload.serve.config import ServeConfig
 def svc():
     from offload.host.bundle import load
 
-    return ScoringService(load(standin.risk_bundle_path()), ServeConfig(device="sim"))
+    return Service(load(standin.risk_bundle_path()), ServeConfig(device="sim"))
 
 
 def _body(n_features: int) -> bytes:

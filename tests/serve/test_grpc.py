@@ -1,5 +1,5 @@
-"""OIP v2 over gRPC against a real ``offload serve --grpc-port`` process, on each transport
-(``--grpc-server lean``, the default, and ``grpcio``), spoken by a stock ``tritonclient.grpc``
+"""OIP v2 over gRPC against a real ``offload serve --grpc-port`` process (grpc.aio), spoken by a
+stock ``tritonclient.grpc``
 (and its own generated stub for requests the client cannot form): the same numbers as REST,
 health and metadata, the bearer key, refused requests that leave the server serving, the
 message-size limit, and one batcher for both protocols. All traffic on 127.0.0.1."""
@@ -7,14 +7,8 @@ message-size limit, and one batcher for both protocols. All traffic on 127.0.0.1
 from __future__ import annotations
 
 import concurrent.futures
-import json
-import os
-import re
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -32,20 +26,13 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 KEY = "k3y"
 AUTH = {"authorization": f"Bearer {KEY}"}
-# The grpc core setting README.md gives Python clients: the EventEngine client off.
-CLIENT_EXPERIMENTS = "-event_engine_client"
-ROOT = Path(__file__).resolve().parents[2]
 
 
-TRANSPORTS = ["lean", "grpcio"]
-
-
-@pytest.fixture(scope="module", params=TRANSPORTS)
-def srv(request):
+@pytest.fixture(scope="module")
+def srv():
     gport = free_port()
-    with serving("--grpc-port", str(gport), "--grpc-server", request.param, api_key=KEY) as s:
+    with serving("--grpc-port", str(gport), api_key=KEY) as s:
         s.grpc = f"127.0.0.1:{gport}"
-        s.transport = request.param
         yield s
         assert s.stop() == 0
 
@@ -177,105 +164,19 @@ def test_malformed_requests_are_invalid_argument_and_the_server_keeps_serving(sr
 
 
 def test_an_oversized_message_is_resource_exhausted(srv, client):
-    before = srv.metrics()
+    # grpc core refuses it before any handler runs (grpc.max_receive_message_length).
     big = np.zeros((70_000, 16), np.float32)  # 4.5 MB of raw contents; the limit is max_body_bytes, 4 MiB
     with pytest.raises(InferenceServerException) as e:
         _grpc_infer(client, big)
     assert _code(e) == "StatusCode.RESOURCE_EXHAUSTED"
     assert _grpc_infer(client, _rows(1)).as_numpy("y").shape == (1, 1)
-    if srv.transport == "lean":  # grpc core answers this itself, before any handler: grpcio cannot count it
-        key = 'offload_grpc_responses_total{code="RESOURCE_EXHAUSTED"}'
-        assert srv.metrics()[key] - before.get(key, 0.0) == 1
 
 
-def _event_engine_wakeups(pid: int) -> int:
-    """Voluntary context switches of the process's grpc core EventEngine worker threads."""
-    total = 0
-    for t in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if (t / "comm").read_text().strip() != "event_engine":
-                continue
-            total += int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", (t / "status").read_text(), re.M).group(1))
-        except FileNotFoundError:  # a worker that exited between the listing and the read
-            continue
-    return total
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the server's threads from /proc (Linux)")
-def test_socket_reads_stay_off_event_engine_worker_threads(srv, client):
-    """grpc core's default (EventEngine endpoints) wakes a worker thread for every socket read and
-    only then the aio poller thread: about 3 worker wake-ups per unary RPC. ``offload serve``
-    turns those rollouts off (offload.serve.server.GRPC_EXPERIMENTS), so the poller reads the
-    socket itself and the workers sleep while RPCs flow."""
-    x, n = _rows(1), 300
-    _grpc_infer(client, x)
-    before = _event_engine_wakeups(srv.proc.pid)
-    for _ in range(n):
-        _grpc_infer(client, x)
-    # Workers still run grpc core's timers and the odd callback (0.1-0.4 wake-ups per RPC seen on a
-    # loaded machine); socket reads on them would be about 3 per RPC.
-    assert _event_engine_wakeups(srv.proc.pid) - before < n
-    threads = {(t / "comm").read_text().strip() for t in Path(f"/proc/{srv.proc.pid}/task").iterdir()}
-    if srv.transport == "lean":  # HTTP/2 on the event loop: grpc core is not even loaded
-        assert not {t for t in threads if t == "event_engine" or t.startswith("grpc")}, threads
-
-
-def _probe(url: str, rows: np.ndarray, tmp_path: Path, *args: str, experiments: str | None = CLIENT_EXPERIMENTS) -> dict:
-    """Runs ``_grpc_client_probe.py`` (a stock tritonclient.grpc in a process of its own) with
-    ``GRPC_EXPERIMENTS=experiments`` (grpc core's defaults for None)."""
-    np.save(tmp_path / "rows.npy", rows)
-    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
-    if experiments is not None:
-        env["GRPC_EXPERIMENTS"] = experiments
-    cmd = [sys.executable, str(Path(__file__).with_name("_grpc_client_probe.py")), url, KEY, str(tmp_path / "rows.npy"), *args]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.splitlines()[-1])
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the client's threads from /proc (Linux)")
-def test_the_readme_client_setting_reads_sockets_on_the_calling_thread(srv, tmp_path):
-    """README.md tells Python gRPC clients to turn grpc core's EventEngine client off: the calling
-    thread then reads the socket itself, where grpc core's default wakes an EventEngine worker
-    about 3 times a unary call and hands the answer over (BENCHMARKS.md: the difference between
-    gRPC above and below REST's p50). With the setting, a stock tritonclient.grpc gets the same
-    bits as REST binary, and its workers sleep while calls flow."""
-    assert f"GRPC_EXPERIMENTS={CLIENT_EXPERIMENTS}" in (ROOT / "README.md").read_text()
-    x, n = _rows(5, seed=21), 300
-    tuned = _probe(srv.grpc, x, tmp_path, "infer", str(n))
-    default = _probe(srv.grpc, x, tmp_path, "infer", str(n), experiments=None)
-    h = thttp.InferenceServerClient(srv.url.removeprefix("http://"))
-    hi = thttp.InferInput("x", list(x.shape), "FP32")
-    hi.set_data_from_numpy(x, binary_data=True)
-    want = h.infer("risk", [hi], outputs=[thttp.InferRequestedOutput("y", binary_data=True)], headers={"Authorization": f"Bearer {KEY}"}).as_numpy("y")
-    h.close()
-    assert tuned["shape"] == default["shape"] == [5, 1]
-    assert tuned["y_bits"] == default["y_bits"] == want.view(np.uint32).ravel().tolist()
-    # Reads on workers cost about 3 wake-ups a call (800-910 in 300 calls seen, loaded or not).
-    # With the setting only grpc core's timers still wake them, per second rather than per call:
-    # 4-8 in 300 calls on an idle machine, 31-36 with the cores oversubscribed (the calls slower).
-    # So the bound is relative to the default's own count, measured the same way.
-    assert default["event_engine_wakeups"] >= n, default
-    assert tuned["event_engine_wakeups"] * 10 <= default["event_engine_wakeups"], (tuned, default)
-
-
-def test_grpc_core_env_keeps_an_operators_own_choice(monkeypatch):
-    from offload.serve.server import GRPC_EXPERIMENTS, grpc_core_env
-
-    monkeypatch.setenv("GRPC_EXPERIMENTS", "-tcp_rcv_lowat")
-    grpc_core_env()
-    assert os.environ["GRPC_EXPERIMENTS"] == "-tcp_rcv_lowat"
-    monkeypatch.delenv("GRPC_EXPERIMENTS")
-    grpc_core_env()
-    assert os.environ["GRPC_EXPERIMENTS"] == GRPC_EXPERIMENTS
-
-
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_rest_and_grpc_requests_share_one_batcher(transport):
+def test_rest_and_grpc_requests_share_one_batcher():
     """With a 3 s queue delay and a batch limit of 2, one REST and one gRPC request make up a full
     batch together: the device sees a single batch of 2 rows long before the delay is over."""
     gport = free_port()
-    with serving("--grpc-port", str(gport), "--grpc-server", transport, "--max-batch-size", "2", "--max-queue-delay-us", "3000000", "--request-timeout-ms", "20000") as s:
+    with serving("--grpc-port", str(gport), "--max-batch-size", "2", "--max-queue-delay-us", "3000000", "--request-timeout-ms", "20000") as s:
         x = _rows(2)
         c = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}")
         h = thttp.InferenceServerClient(s.url.removeprefix("http://"))
@@ -296,13 +197,12 @@ def test_rest_and_grpc_requests_share_one_batcher(transport):
         assert s.stop() == 0
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_missed_client_deadline_is_counted_and_the_server_keeps_serving(transport, tmp_path):
+def test_a_missed_client_deadline_is_counted_and_the_server_keeps_serving():
     """A request still queued behind a 3 s batching window when the client's 0.3 s deadline passes:
     the client gets DEADLINE_EXCEEDED, the transport cancels the handler, and the response is
     counted under its code (the transport sends that status, not the handler)."""
     gport = free_port()
-    with serving("--grpc-port", str(gport), "--grpc-server", transport, "--max-queue-delay-us", "3000000", "--request-timeout-ms", "20000") as s:
+    with serving("--grpc-port", str(gport), "--max-queue-delay-us", "3000000", "--request-timeout-ms", "20000") as s:
         c = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}")
         i = tgrpc.InferInput("x", [1, 16], "FP32")
         i.set_data_from_numpy(_rows(1))
@@ -316,23 +216,15 @@ def test_a_missed_client_deadline_is_counted_and_the_server_keeps_serving(transp
             time.sleep(0.05)
         assert c.infer("risk", [i], client_timeout=20).as_numpy("y").shape == (1, 1)
         c.close()
-        # A client with README.md's grpc core setting: the calling thread, which now polls the
-        # socket itself, still ends the call at its deadline.
-        assert _probe(f"127.0.0.1:{gport}", _rows(1), tmp_path, "deadline", "0.3")["status"] == "StatusCode.DEADLINE_EXCEEDED"
-        end = time.monotonic() + 20
-        while s.metrics().get(key, 0.0) != 2:
-            assert time.monotonic() < end, f"{key} never reached 2"
-            time.sleep(0.05)
         assert s.stop() == 0
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_sigterm_answers_the_grpc_requests_already_taken(transport):
+def test_sigterm_answers_the_grpc_requests_already_taken():
     """Requests queued behind a 3 s batching window when SIGTERM arrives are answered (with the
     right numbers) before the process exits 0: the gRPC server is stopped with a grace period
     while the batcher still runs."""
     gport = free_port()
-    with serving("--grpc-port", str(gport), "--grpc-server", transport, "--max-queue-delay-us", "3000000", "--request-timeout-ms", "20000") as s:
+    with serving("--grpc-port", str(gport), "--max-queue-delay-us", "3000000", "--request-timeout-ms", "20000") as s:
         x = _rows(4, seed=9)
         c = tgrpc.InferenceServerClient(f"127.0.0.1:{gport}")
         dev = open_device("sim")

@@ -170,6 +170,30 @@ def test_sigterm_under_load_answers_every_request_it_read():
     assert set(stats) <= {"sent", "dropped", "write_failed", 200, 503}, stats
 
 
+def test_sigterm_answers_requests_waiting_in_the_accept_backlog():
+    # The server is stopped (SIGSTOP) while 10 clients connect and send whole requests: the kernel
+    # completes their handshakes and holds the connections in the listener's backlog. Then
+    # SIGTERM and SIGCONT: every one of them gets an answer, none a reset.
+    with serving() as s:
+        s.proc.send_signal(signal.SIGSTOP)
+        socks = []
+        try:
+            for _ in range(10):
+                c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+                c.sendall(_infer_bytes(auth="Bearer none"))
+                socks.append(c)
+            s.proc.send_signal(signal.SIGTERM)
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        answers = []
+        for c in socks:
+            got, _ = read_until_close(c)
+            answers.append(status_of(got) if got else None)
+            c.close()
+        assert s.proc.wait(timeout=30) == 0
+    assert all(a in (200, 503) for a in answers), answers
+
+
 # -- item 11: settings ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "args, words",

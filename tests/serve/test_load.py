@@ -11,8 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import _serve_standin as standin
-from _serve_live import live
-from offload.serve.app import ScoringService
+from _serve_live import Service, live
 from offload.serve.config import ServeConfig
 from offload.loadgen.openloop import run_load
 
@@ -39,7 +38,7 @@ def test_refuses_non_loopback_and_unbounded_runs():
 def test_cli_bench_counts_and_reports(bundle, tmp_path):
     from offload.cli import main
 
-    svc = ScoringService(bundle, ServeConfig(device="sim"))
+    svc = Service(bundle, ServeConfig(device="sim"))
     out = tmp_path / "run"
     with live(svc.app) as url:
         r = CliRunner().invoke(main, ["bench", f"http://{url}/v2/models/risk", "--rate", "100", "--duration", "1", "--batch", "2", "--out", str(out)])
@@ -64,7 +63,7 @@ def test_latency_counts_from_the_due_time_not_the_send_time(bundle):
     # test's clock: on a loaded machine the tool's start-up alone can take a second.)
     standin.GatedDevice.gate.clear()
     standin.GatedDevice.entered.clear()
-    svc = ScoringService(bundle, ServeConfig(device="gated", max_batch_size=64, request_timeout_ms=30000))
+    svc = Service(bundle, ServeConfig(device="gated", max_batch_size=64, request_timeout_ms=30000))
     with live(svc.app) as url:
         def open_gate_a_second_after_the_first_call():
             standin.GatedDevice.entered.wait(timeout=30)

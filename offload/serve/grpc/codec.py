@@ -58,8 +58,8 @@ def decode_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec, ma
 def encode_infer(resp: InferResponse) -> pb.ModelInferResponse:
     """The ModelInferResponse of ``resp``: raw output contents when the request sent raw inputs."""
     y = as_fp32(resp.y)
-    tensor = pb.ModelInferResponse.InferOutputTensor(name=resp.output.name, datatype="FP32", shape=y.shape)
-    msg = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id or "", outputs=[tensor])
+    msg = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id or "")
+    tensor = msg.outputs.add(name=resp.output.name, datatype="FP32", shape=y.shape)
     if resp.binary_output:
         msg.raw_output_contents.append(y.astype("<f4", copy=False).tobytes())
     else:

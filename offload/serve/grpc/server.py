@@ -36,7 +36,7 @@ from google.protobuf.message import DecodeError
 
 from offload.serve.auth import bearer_ok
 from offload.serve.dataplane import DataPlane
-from offload.serve.errors import ConfigError, InvalidRequest, ServeError, Unauthorized, grpc_answer
+from offload.serve.errors import ConfigError, InvalidRequest, ServeError, ShuttingDown, Unauthorized, grpc_answer
 from offload.serve.grpc.codec import decode_infer, encode_infer
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
 
@@ -54,7 +54,12 @@ def server_options(plane: DataPlane) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", cfg.max_body_bytes),
         ("grpc.max_concurrent_streams", cfg.grpc_max_streams),
+        # grpc core's default refuses (REFUSED_STREAM) streams past the limit while earlier ones
+        # are still being freed, which fails a client's burst opened before it read the server's
+        # SETTINGS; off, streams count as HTTP/2 counts them (RFC 9113 5.1.2).
+        ("grpc.http.overload_protection", 0),
         ("grpc.max_metadata_size", cfg.max_head_bytes),
+        ("grpc.absolute_max_metadata_size", cfg.max_head_bytes),
         ("grpc.keepalive_time_ms", 60_000),
         ("grpc.keepalive_timeout_ms", 20_000),
         ("grpc.max_connection_age_ms", 600_000),
@@ -110,6 +115,10 @@ class _Servicer:
             try:
                 if guarded:
                     self._check_auth(context)
+                if self.plane.draining and name not in _OPEN:
+                    # grpc core cancels the calls it holds but has not handed out when the server
+                    # stops; answering UNAVAILABLE (retry elsewhere) while draining leaves it none.
+                    raise ShuttingDown("service is shutting down; retry on another replica")
                 try:
                     request = request_type.FromString(wire)
                 except DecodeError:

@@ -1,9 +1,7 @@
 """The OIP v2 REST routes as a Starlette app over a :class:`~offload.serve.dataplane.DataPlane`.
 
 Every answer is JSON (or the binary tensor extension), never a stack trace. Every response is
-counted by status (``offload_responses_total{code}``); while the service drains, every response
-says ``Connection: close`` so keep-alive clients reconnect elsewhere instead of losing a request
-to a closing connection.
+counted by status (``offload_responses_total{code}``).
 
 Example::
 
@@ -143,11 +141,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 class _Responses:
-    """Counts every response by status and, while the service drains, adds ``Connection: close``."""
+    """Counts every response by status."""
 
     def __init__(self, app, plane: DataPlane) -> None:
         self.app = app
-        self.plane = plane
         self._counter = plane.metrics.responses
 
     def count(self, status: int) -> None:
@@ -164,8 +161,6 @@ class _Responses:
             if message["type"] == "http.response.start":
                 started = True
                 self.count(message["status"])
-                if self.plane.draining:
-                    message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
             await send(message)
 
         try:

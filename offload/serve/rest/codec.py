@@ -65,8 +65,10 @@ def decode_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: T
         body, binary = body[:n], body[n:]
     try:
         req = _DECODER.decode(body)
-    except msgspec.DecodeError as e:  # ValidationError too: its text names the path ($.inputs[0].shape)
-        raise InvalidRequest(f"malformed request: {e}") from None
+    except msgspec.ValidationError as e:  # well-formed JSON of the wrong shape: its text names the path
+        raise InvalidRequest(f"request body: {e}") from None
+    except msgspec.DecodeError as e:
+        raise InvalidRequest(f"malformed JSON: {e}") from None
     if len(req.inputs) != 1:
         raise InvalidRequest(f"inputs: expected a list of exactly 1 tensor named {inp.name!r}")
     t = req.inputs[0]

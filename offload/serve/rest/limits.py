@@ -18,6 +18,8 @@ place it answers a parser error, to answer with the limit's own status. Per conn
 - a head must arrive whole within ``header_timeout_s`` of its first byte (or of accept), however
   it trickles in: the deadline is armed once per head, never pushed back by a read (408, close);
   a body within ``body_timeout_s`` of the end of its head (close);
+- on shutdown, a connection waiting for a request lingers ``DRAIN_LINGER_S`` before it closes, so
+  a request already on its way is answered (with ``Connection: close``) rather than reset;
 - at ``max_connections`` open connections a new one closes the connection that has waited longest
   for a request head, as nginx reuses idle connections when it runs out, so the process never
   meets EMFILE (libuv would then accept and reset every pending client).
@@ -42,12 +44,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from offload.serve.errors import HeadTimeout, HeadTooLarge, InvalidRequest, RequestError, UriTooLong, answer
 
-__all__ = ["HttpLimits", "limited_protocol", "default_max_connections", "MAX_REQUEST_LINE", "MAX_HEADERS"]
+__all__ = ["HttpLimits", "limited_protocol", "default_max_connections", "MAX_REQUEST_LINE", "MAX_HEADERS", "DRAIN_LINGER_S"]
 
 _log = logging.getLogger("offload.serve")
 
 MAX_REQUEST_LINE = 8190  # Apache's LimitRequestLine; nginx's 8 KiB large_client_header_buffers
 MAX_HEADERS = 100  # Apache's LimitRequestFields
+DRAIN_LINGER_S = 0.5  # how long a drain waits for requests already on their way
 FD_HEADROOM = 64  # files the process keeps besides connections: device nodes, logs, the listeners
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 
@@ -90,6 +93,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._waiting_since = 0.0  # when this connection began waiting for its current head
         self._timer: asyncio.TimerHandle | None = None
         self._reject: RequestError | None = None
+        self._closing = False  # the server is draining: every answer from now on closes the connection
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -152,6 +156,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._arm(self.limits.body_timeout_s, self._body_late)
         super().on_headers_complete()
+        if self._closing and self.cycle is not None:
+            self.cycle.keep_alive = False  # answered, then closed
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -160,6 +166,25 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # Idle until the next head's first byte arms its deadline (data_received); an idle
         # keep-alive connection is uvicorn's timeout_keep_alive's.
         self._disarm()
+
+    def shutdown(self) -> None:
+        """uvicorn's drain: it closes a connection with no request in progress at once, which
+        resets one whose next request is already on the wire; such a connection lingers first."""
+        self._closing = True
+        if not self._waiting():
+            super().shutdown()  # a request in progress: answered, then closed
+        elif self._head_bytes == 0:
+            self._arm(DRAIN_LINGER_S, self._close_if_idle)
+        # else a head is arriving: its deadline bounds it, and its answer says Connection: close
+
+    def _close_if_idle(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if self._waiting() and self._head_bytes == 0:
+            self.transport.close()
+        elif self._in_head:
+            self._arm(self.limits.header_timeout_s, self._head_late)
 
     # -- answers of our own ---------------------------------------------------------------------
     def send_400_response(self, msg: str) -> None:
