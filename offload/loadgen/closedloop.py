@@ -142,8 +142,8 @@ class _Run:
                 self.done.set_result(time.perf_counter())
 
 
-async def run_closed(url: str, body: bytes, *, connections: int, duration: float, headers: dict[str, str] | None = None) -> ClosedResult:
-    """POSTs ``body`` to ``url`` over ``connections`` keep-alive connections for ``duration`` s."""
+async def run_closed(url: str, body: bytes | None, *, connections: int, duration: float, headers: dict[str, str] | None = None) -> ClosedResult:
+    """POSTs ``body`` to ``url`` (GETs it for None) over ``connections`` keep-alive connections for ``duration`` s."""
     u = urlsplit(url)
     if u.scheme != "http" or not u.hostname or not u.port:
         raise ValueError(f"url {url!r}: expected http://HOST:PORT/PATH")
@@ -153,8 +153,11 @@ async def run_closed(url: str, body: bytes, *, connections: int, duration: float
         raise ValueError(f"connections={connections}: must be in [1, {MAX_CONNECTIONS}]")
     if not 0 < duration <= 600:
         raise ValueError(f"duration={duration}: must be in (0, 600] s")
-    hdrs = {"host": u.netloc, "content-type": "application/json", **(headers or {}), "content-length": str(len(body))}
-    request = f"POST {u.path or '/'} HTTP/1.1\r\n".encode() + b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in hdrs.items()) + b"\r\n" + body
+    if body is None:
+        method, hdrs, body = "GET", {"host": u.netloc, **(headers or {})}, b""
+    else:
+        method, hdrs = "POST", {"host": u.netloc, "content-type": "application/json", **(headers or {}), "content-length": str(len(body))}
+    request = f"{method} {u.path or '/'} HTTP/1.1\r\n".encode() + b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in hdrs.items()) + b"\r\n" + body
     loop = asyncio.get_running_loop()
     hist = HdrHistogram(1, _MAX_LATENCY_US, 3)
     conns = []
