@@ -59,6 +59,7 @@ WARNINGS = {
     ("offload.sim.errors", "FormatOverflowWarning"),
     ("offload.quant.drift", "CalibrationDriftWarning"),
     ("offload.quant.ptq", "QuantizationBudgetWarning"),
+    ("offload.host.bundle", "UnsealedBundleWarning"),
 }
 
 # offload/serve/errors.py: "Every class is an OffloadError"; 4xx refusals are the client's bad value.
