@@ -4,14 +4,15 @@ One model (32-64-32-1: Linear, ReLU, Linear, ReLU, Linear, Sigmoid), one process
 for every contender, for each precision: ``auto`` (types calibrated on data), ``ap_fixed<16,6>``
 and ``ap_fixed<10,4>`` everywhere (accumulators that round, and wrap, every product), and
 ``ap_fixed<16,6,AP_RND_CONV,AP_SAT>`` (round half to even and saturate every product and every sum). For each
-batch size it reports rows per second of ``offload.sim.mlp.simulate`` (what the sim device runs,
-on the device's read-only resident copies; ``MLP.simulate`` adds its input check) and of
+batch size it reports rows per second of the mlp kind's fast path ``offload.kernels.mlp.run_rows``
+(what the sim device runs, on the device's read-only resident copies; ``MLP.simulate`` adds its
+input check) and of
 hls4ml's ``predict`` on the compiled project of the same types, measured interleaved, best of
 ``--repeats``, in process CPU time (both are single-threaded, so on a shared machine CPU time is
 what each costs; time-slicing by other processes would otherwise decide the ratio) and in wall
-time. At the largest batch it adds the simulator's general NumPy path (``forward`` layer by
-layer) and torch float32 (1 thread). It first checks that the simulator equals hls4ml on every row
-and the general path (a benchmark of a wrong simulator is worthless), and reports the JIT
+time. At the largest batch it adds the simulator's step-by-step reference
+(``offload.sim.mlp.simulate``) and torch float32 (1 thread). It first checks that the fast path
+equals hls4ml on every row and the reference (a benchmark of a wrong simulator is worthless), and reports the JIT
 seconds (numba's disk cache when warm) and the machine's load before and after.
 
 Run::
@@ -31,9 +32,10 @@ import numpy as np
 import torch
 
 import offload
+from offload.kernels.mlp import run_rows as simulate
 from offload.kernels.registry import Kernel, resident_copy
-from offload.sim.fixed import FixedType
-from offload.sim.mlp import forward, fused, simulate
+from offload.sim.mlp import fused
+from offload.sim.mlp import simulate as reference
 
 
 def _model(seed: int = 0) -> torch.nn.Sequential:
@@ -102,10 +104,9 @@ def main() -> None:
             y_hls = np.asarray(h.predict(x)).reshape(args.rows, -1)
             y_sim = simulate(spec.input_type, spec.layers, tensors, x)
             mismatches = int((y_hls != y_sim).sum())
-            out_t = FixedType.parse(spec.output_type)
 
             def general(rows):
-                return out_t.to_float(forward(spec.input_type, spec.layers, tensors, rows))
+                return reference(spec.input_type, spec.layers, tensors, rows)
 
             same_general = bool(np.array_equal(general(x), y_sim)) and np.array_equal(mlp.simulate(x), y_sim)
             fused_on = fused.program_for(spec.input_type, spec.layers, tensors) is not None
@@ -115,13 +116,13 @@ def main() -> None:
                 (cs, ws), (ch, wh) = _best(contenders, args.repeats)
                 notes = ""
                 if b == batches[0]:
-                    notes = (f"mismatches vs hls4ml: {mismatches}; == general path and MLP.simulate: {same_general}; "
+                    notes = (f"mismatches vs hls4ml: {mismatches}; == reference and MLP.simulate: {same_general}; "
                              f"fused: {fused_on}; hls4ml compile {compile_s:.0f} s")
                 if b == args.rows:
                     ((cg, _),) = _best([lambda: general(rows)], 2)
                     with torch.no_grad():
                         ((ct, _),) = _best([lambda: seq(xt)], 3)
-                    notes = f"general path {b / cg:.3g} rows/s (simulate {cg / cs:.1f}x that); torch float {b / ct:.3g} rows/s"
+                    notes = f"reference {b / cg:.3g} rows/s (simulate {cg / cs:.1f}x that); torch float {b / ct:.3g} rows/s"
                 print(f"| {precision} | {b} | {b / cs:.3g} | {b / ch:.3g} | {ch / cs:.1f}x | {wh / ws:.1f}x | {notes} |", flush=True)
     print(f"# load after: {_load()}")
 

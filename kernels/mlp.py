@@ -3,8 +3,11 @@
 The spec lists the layers with their ap_types types (:class:`offload.sim.mlp.MlpLayer`); the
 resident tensors are the raw fixed-point weights (``"<layer>.weight"`` [n_in, n_out] in hls4ml's
 order, ``"<layer>.bias"``, ``"<layer>.scale"``), int64. Inputs are ``{"x": float64 [B, F]}``,
-outputs ``{"y": float64 [B, n_out]}``; the reference is :func:`offload.sim.mlp.simulate`.
-Everything here is JSON and NumPy: a saved bundle is served without torch.
+outputs ``{"y": float64 [B, n_out]}``; the reference is :func:`offload.sim.mlp.simulate` (step by
+step). The fast entries (:func:`run_rows`, :func:`run_checked`, :func:`bind_rows`) run the
+simulator's fused program where numba is present and the model fits its int64 bounds, else the
+reference: this module is the one place that chooses. Everything here is JSON and NumPy: a saved
+bundle is served without torch.
 
 Example::
 
@@ -27,10 +30,11 @@ import numpy as np
 from offload.kernels.registry import KernelKind, register_kind
 from offload.sim.errors import InputError, InputKeyError, InputTypeError
 from offload.sim.fixed import FixedType, mul_type
-from offload.sim.mlp import OPS, MlpLayer, bind as bind_simulate, simulate
+from offload.sim import mlp as _sim
+from offload.sim.mlp import OPS, MlpLayer
 from offload.sim.mlp.strategy import DA, LATENCY, STRATEGIES, check_da_constant, exact_accum
 
-__all__ = ["MlpSpec", "MlpLayer", "validate", "reference", "check_tensors", "KIND", "MAX_FEATURES", "MAX_BATCH"]
+__all__ = ["MlpSpec", "MlpLayer", "validate", "reference", "run_rows", "run_checked", "bind_rows", "check_tensors", "KIND", "MAX_FEATURES", "MAX_BATCH"]
 
 MAX_FEATURES = 4096
 MAX_BATCH = 1 << 22
@@ -325,16 +329,76 @@ def check_tensors(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> None:
 
 
 def reference(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``{"y": float64 [B, n_out]}``: the exact fixed-point outputs (validated inputs assumed)."""
+    """``{"y": float64 [B, n_out]}``: the exact fixed-point outputs, step by step
+    (:func:`offload.sim.mlp.simulate`; validated inputs assumed)."""
     x = np.asarray(inputs["x"], dtype=np.float64)
-    return {"y": simulate(spec.input_type, spec.layers, tensors, x)}
+    return {"y": _sim.simulate(spec.input_type, spec.layers, tensors, x)}
+
+
+# The fused path (offload.sim.mlp.fused) imports numba: loaded at a device's first load or the first
+# fast call, not by every `import offload.kernels`.
+_FUSED: list = []
+
+
+def _fused():
+    """The fused module, imported once."""
+    if not _FUSED:
+        from offload.sim.mlp import fused
+
+        _FUSED.append(fused)
+    return _FUSED[0]
+
+
+def run_rows(input_type: str, layers: tuple[MlpLayer, ...], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Float64 outputs [B, n_out] of float rows ``x``, bit for bit :func:`offload.sim.mlp.simulate`'s:
+    the fused program (built once per ``layers`` tuple and ``tensors`` mapping, rebuilt if either
+    changes) where numba is present and the model fits its int64 bounds, else the reference. Rows
+    whose values the program's float quantization cannot take (``|x * 2**F| >= 2**62``, inf, NaN)
+    take the reference too.
+
+    Example::
+
+        y = run_rows(spec.input_type, spec.layers, tensors, x)
+    """
+    xf = np.asarray(x, dtype=np.float64)
+    if xf.ndim == 2 and xf.shape[0] and layers and xf.shape[1] == layers[0].n_in:
+        prog = _fused().program_for(input_type, layers, tensors)
+        if prog is not None:
+            y = prog.run(xf)
+            if y is not None:
+                return y
+    return _sim.simulate(input_type, layers, tensors, xf)
+
+
+def run_checked(spec: MlpSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """:func:`validate` then :func:`reference`'s outputs, through :func:`run_rows`."""
+    validate(spec, tensors, inputs)
+    return {"y": run_rows(spec.input_type, spec.layers, tensors, inputs["x"])}
 
 
 def bind_rows(spec: MlpSpec, tensors: Mapping[str, np.ndarray], *, fp32: bool = False) -> Callable[[np.ndarray], np.ndarray]:
     """:func:`reference`'s ``y`` for these (from now on constant) tensors as one prepared call
-    on the rows ``x`` (an ndarray); ``fp32``: rows of FP32 values in, ``y`` as float32 (see the
+    on the rows ``x`` (an ndarray), :func:`run_rows` with the program looked up once; ``fp32``: rows
+    of FP32 values in, ``y`` as float32, rounded inside the compiled kernel where it runs (see the
     registry's ``bind_rows``)."""
-    return bind_simulate(spec.input_type, spec.layers, tensors, fp32=fp32)
+    input_type, layers = spec.input_type, spec.layers
+    prog = _fused().program_for(input_type, layers, tensors)
+    if fp32:
+        def general_fp32(x: np.ndarray) -> np.ndarray:
+            return run_rows(input_type, layers, tensors, x).astype(np.float32)
+
+        # The compiled pass with no frame of ours above it (Program.bind_fp32).
+        return general_fp32 if prog is None else prog.bind_fp32(general_fp32)
+    n_in = layers[0].n_in
+
+    def rows(x: np.ndarray) -> np.ndarray:
+        if prog is not None and x.ndim == 2 and x.shape[0] > 0 and x.shape[1] == n_in:
+            y = prog.run(x)
+            if y is not None:
+                return y
+        return _sim.simulate(input_type, layers, tensors, np.asarray(x, dtype=np.float64))
+
+    return rows
 
 
 def golden_inputs(spec: MlpSpec, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
@@ -356,8 +420,7 @@ def golden_inputs(spec: MlpSpec, rng: np.random.Generator, case: int) -> dict[st
 def prepare(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
     """The resident arrays unchanged, with the simulator's fused program built for them and its
     kernel compiled (or loaded from numba's disk cache), so no request pays the JIT."""
-    from offload.sim.mlp import fused
-
+    fused = _fused()
     out = dict(tensors)
     jit = fused.warm_up()
     fused.program_for(spec.input_type, spec.layers, out)  # the device passes this same mapping
@@ -365,4 +428,4 @@ def prepare(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dict[str,
 
 
 KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,
-                                tensor_shapes=MlpSpec.tensor_shapes, prepare=prepare, bind_rows=bind_rows))
+                                tensor_shapes=MlpSpec.tensor_shapes, prepare=prepare, run_checked=run_checked, bind_rows=bind_rows))

@@ -35,7 +35,8 @@ class KernelKind:
 
     - ``spec_from_json(d)`` rebuilds the spec dataclass (which has ``kind`` and ``to_json()``).
     - ``validate(spec, tensors, inputs)`` raises a typed error naming the field and the limit.
-    - ``reference(spec, tensors, inputs)`` returns the exact outputs (validated inputs assumed).
+    - ``reference(spec, tensors, inputs)`` returns the exact outputs (validated inputs assumed): the
+      plain, step-by-step definition from :mod:`offload.sim`, which every faster path must equal.
     - ``check_tensors(spec, tensors)`` (optional) refuses resident tensors that do not fit the spec
       (names, shapes, container dtypes, raw values inside their type's range): the reference and
       the C++ read raw bits differently once a value is outside its type, so such a kernel would
@@ -52,7 +53,8 @@ class KernelKind:
       (the same ones unless it must re-lay them out) and the seconds spent compiling.
     - ``run_checked(spec, tensors, inputs)`` (optional) is ``validate`` then ``reference`` in one
       pass, bit for bit the same outputs and the same errors; devices that compute on the host use
-      it when the kind has one.
+      it when the kind has one. It is where a kind chooses its fast path (the simulator's fused
+      code where it is present and the spec fits it) or the reference, the one place it does.
     - ``bind_rows(spec, tensors, *, fp32)`` (optional), for a kind of one input and one output
       (the mlp kind: rows ``x`` to ``y``), returns that output of ``reference`` for these resident
       tensors as one prepared call, ``rows -> rows`` (ndarrays), for inputs already validated; the
@@ -61,8 +63,7 @@ class KernelKind:
       them) and the output comes as float32, bit for bit ``reference``'s ``.astype(np.float32)``:
       the call a server whose wire type is FP32 makes, with the rounding done where the kind can
       do it for free (the mlp kind: in its compiled kernel). Rows, not mappings: a server's
-      one-row call pays for every frame and dict on its way (BENCHMARKS.md: round 8 timed them
-      cold, round 13 counted the change).
+      one-row call pays for every frame and dict on its way.
     """
 
     name: str

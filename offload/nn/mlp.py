@@ -29,6 +29,7 @@ import offload.ops.mlp  # noqa: F401  (registers torch.ops.offload.mlp_score)
 from offload.hls.mlp import hls_config
 from offload.kernels import Kernel
 from offload.kernels.mlp import MlpSpec, validate
+from offload.kernels.mlp import run_rows as _simulate
 from offload.ops.resident import make_resident, release_resident
 from offload.quant.drift import check_drift
 from offload.quant.ptq import (
@@ -41,7 +42,6 @@ from offload.quant.ptq import (
 )
 from offload.sim.errors import InputError
 from offload.sim.fixed import FixedType
-from offload.sim.mlp import simulate as _simulate
 from offload.sim.mlp.strategy import DA, LATENCY, STRATEGIES
 
 __all__ = ["MLP", "SUPPORTED_LAYERS", "float_layers"]

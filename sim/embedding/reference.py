@@ -33,7 +33,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -81,10 +81,13 @@ class Pooling:
     acc_type: FixedType
     out_type: FixedType
     weight_type: FixedType
+    total_dim: int = field(init=False)  # columns of a call's output
+    rowwise: bool = field(init=False)  # some table is int8_rowwise
 
-    @property
-    def total_dim(self) -> int:
-        return sum(t.dim for t in self.tables)
+    def __post_init__(self) -> None:
+        # Read on every call: computed once.
+        object.__setattr__(self, "total_dim", sum(t.dim for t in self.tables))
+        object.__setattr__(self, "rowwise", any(t.rowwise for t in self.tables))
 
 
 def rowwise_value_type(param_type: FixedType) -> FixedType:

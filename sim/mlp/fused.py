@@ -1,5 +1,5 @@
 """The fused, compiled MLP datapath: every layer of one row in one numba call, bit-identical to
-:func:`offload.sim.mlp.datapath.forward` (the NumPy reference, which stays the oracle in
+:func:`offload.sim.mlp.reference.forward` (the step-by-step definition, and the oracle in
 ``tests/sim/test_mlp_fused.py``).
 
 Why: accumulators that round or saturate every product (``ap_fixed<16,6>`` everywhere) cannot be
@@ -7,7 +7,7 @@ folded into one GEMM; NumPy then materialises a B x n_in x n_out product array a
 four or five passes. Here each product is rounded, fitted and accumulated in registers, vectorised
 across the layer's outputs.
 
-Why numba and not a g++-built helper: the same reasons as :mod:`offload.sim.embedding_fused`
+Why numba and not a g++-built helper: the same reasons as :mod:`offload.sim.embedding.fused`
 (no compiler needed where the wheel is installed, machine code cached on disk with
 ``cache=True``, one Python source); and one kernel serves every model: a spec becomes a
 :class:`Program` (an int64 instruction vector, the weights and tables as one int64 array each), so
@@ -22,10 +22,10 @@ into ``result_t``, ...) is one branch-free rounding step and one fit::
 ``c0`` / ``c1`` / ``conv`` encode the seven quantization modes (floor of ``v / 2**s`` plus a bias:
 ``2**(s-1)`` for ties up, ``2**(s-1) - 1`` for ties down, the sign or the parity of the floor to
 pick the others). Building a program bounds every intermediate value from the types' ranges and the
-weights (as :mod:`offload.sim.mlp.plan` does) and drops fits that can never trigger; a layer whose
-bounds leave int64 (``W > 62``, ``ap_int`` targets, ``AP_WRAP`` with saturation bits, a table
-index past 62 bits) makes the whole model unsupported: :func:`program_for` returns None and
-``simulate`` takes the NumPy plan or ``forward`` (same results, their speed).
+weights and drops fits that can never trigger; a layer whose bounds leave int64 (``W > 62``,
+``ap_int`` targets, ``AP_WRAP`` with saturation bits, a table index past 62 bits) makes the whole
+model unsupported: :func:`program_for` returns None and the ``mlp`` kernel kind runs the reference
+(same results, its speed): the one fallback.
 
 Dense layers run one of four inner loops: ``plain`` (products exact on the accumulator grid, no
 partial sum can leave it: one exact dot product, shifted once), ``rounded`` (each product rounded,
@@ -53,17 +53,17 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from offload.sim.fixed import FixedType, add_type, mul_type
-from offload.sim.mlp import datapath
-from offload.sim.mlp.datapath import _TABLE_SPAN, MlpLayer, _cast, _ftype, activation_table
+from offload.sim.mlp.reference import TABLE_SPAN, MlpLayer, activation_table
+from offload.sim.mlp.reference import fixed_type as _ftype
 
-try:  # a core dependency; missing only in a broken install, where the NumPy paths still work
+try:  # a core dependency; missing only in a broken install, where the reference still works
     import numba
 except ImportError:  # pragma: no cover - exercised through _NUMBA
     numba = None
 
 __all__ = ["Program", "compile_program", "program_for", "warm_up", "jit_seconds", "available"]
 
-# Replaced by None in tests to force the NumPy paths.
+# Replaced by None in tests to force the reference.
 _NUMBA = numba
 _warned = False
 _jit_total = [0.0]
@@ -87,9 +87,6 @@ _D_PLAIN, _D_ROUNDED, _D_SAT, _D_SATZ = range(4)
 _H_N, _H_RMODE, _H_WIDE = range(3)
 _H_FIT = 3
 _HEAD = _H_FIT + _CAST_LEN
-
-# Models with more resident values than this get no program (the NumPy paths' BLAS wins there).
-_MAX_VALUES = 1 << 22
 
 
 def available() -> bool:
@@ -178,7 +175,7 @@ class Program:
     in_scale: float  # 2**F of the input type
     out_scale: float  # 2**-F of the last type
     n_out: int
-    arrays: tuple  # (name, array, snapshot or None): see plan._current
+    arrays: tuple  # (name, array, snapshot or None): see _current
     n_in: int  # features a row: the kernel's buffers are sized from the program, not from x
 
     def __post_init__(self) -> None:
@@ -190,7 +187,7 @@ class Program:
 
     def run(self, x: np.ndarray) -> np.ndarray | None:
         """Float64 outputs of float64 rows ``x`` [B, F]; None where a value needs the bit-level
-        quantization (|x * 2**F| >= 2**62, inf, NaN): then take the general path."""
+        quantization (|x * 2**F| >= 2**62, inf, NaN): then take the reference."""
         x = np.ascontiguousarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.n_in:
             raise ValueError(f"x: expected rows [B, {self.n_in}], got shape {x.shape}")
@@ -208,9 +205,7 @@ class Program:
         For a server whose wire type is FP32 both ways: a writable, aligned, C-contiguous native float32 ``x`` is read as it
         is (each value widens exactly to the float64 that ``run`` would quantize) and the float64
         output of each row is rounded as it is stored, so the two NumPy conversions a batch of one
-        row otherwise costs are gone. Cold, after the caches were flushed (the server's case at one
-        connection), each such call costs several microseconds (``bench/bench_serve_appcpu.py``).
-        Any other ``x`` takes :meth:`run` and a conversion: only these two signatures are compiled.
+        row otherwise costs are gone. Any other ``x`` takes :meth:`run` and a conversion: only these two signatures are compiled.
         The rows' checks are :meth:`bind_fp32`'s, the one place they are written.
         """
 
@@ -226,13 +221,11 @@ class Program:
     def bind_fp32(self, general: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
         """:meth:`run_fp32` as one prepared call that always answers, for a caller with an exact
         path of its own: the rows the compiled pass does not take (another dtype, layout or shape,
-        no rows, values past the float quantization, the shortcuts switched off) go to
-        ``general(x)``, which must give what the compiled pass would. ``x`` is an ndarray.
+        no rows, values past the float quantization) go to ``general(x)``, which must give what the
+        compiled pass would. ``x`` is an ndarray.
 
         One frame between the caller and the compiled kernel, its arguments held in the closure:
-        a scoring service's one-row call at one connection pays for every frame, attribute and
-        check on its way, once their code has left the caches (BENCHMARKS.md: round 8 timed
-        them cold, round 13 counted this call).
+        a scoring service's one-row call pays for every frame, attribute and check on its way.
 
         Example::
 
@@ -247,7 +240,7 @@ class Program:
             # The rows the FP32 signature takes, cheapest test first; "is": a native float32
             # array's dtype is NumPy's one instance (an equal dtype that is not takes the general
             # path: same answer).
-            if datapath._FAST_DENSE and x.dtype is f32 and x.ndim == 2 and x.shape[1] == n_in and x.shape[0]:
+            if x.dtype is f32 and x.ndim == 2 and x.shape[1] == n_in and x.shape[0]:
                 flags = x.flags
                 if flags.c_contiguous and flags.writeable and flags.aligned:
                     out = empty((x.shape[0], n_out), f32)
@@ -273,8 +266,6 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
     _type_ok(t)
     if not 0 <= t.F <= 1000 or not -1000 <= _ftype(layers[-1].result).F <= 1000:
         raise _Unsupported("fraction bits out of range")
-    if sum(int(np.size(tensors[n])) for n in tensors) > _MAX_VALUES:
-        raise _Unsupported("model too large")
     head = np.zeros(_HEAD, dtype=np.int64)
     head[_H_N] = len(layers)
     head[_H_RMODE] = _ROUND[t.rounding]
@@ -301,7 +292,7 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
             lo, hi = _batchnorm(r, layer, t, lo, hi, tensors, put)
         elif layer.op in ("relu", "leaky_relu"):
             lo, hi = _rect(r, layer, t, lo, hi)
-        elif layer.op in _TABLE_SPAN:
+        elif layer.op in TABLE_SPAN:
             lo, hi = _table(r, layer, t, lo, hi, put)
         else:
             raise _Unsupported(f"op {layer.op!r}")
@@ -434,7 +425,7 @@ def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[in
     rt, tt = _ftype(layer.result), _ftype(layer.table)
     _type_ok(rt)
     _type_ok(tt)
-    n, span = int(layer.table_size), _TABLE_SPAN[layer.op]
+    n, span = int(layer.table_size), TABLE_SPAN[layer.op]
     if xt.width + n.bit_length() > 62:
         raise _Unsupported(f"{layer.name}: table index of {xt}")  # forward raises its OverflowError
     f = xt.F
@@ -444,7 +435,7 @@ def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[in
         _bits_ok(q << -f)
     if f > 62:
         raise _Unsupported(f"{layer.name}: {xt} has {f} fraction bits")
-    table = _cast(rt, activation_table(layer.op, n, layer.table).astype(np.int64), tt)
+    table = rt.cast(activation_table(layer.op, n, layer.table).astype(np.int64), tt)
     r[_R_OP] = _OP_TABLE
     r[_R_W] = put(table)
     r[_R_K0] = n
@@ -456,9 +447,7 @@ def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[in
 
 # The kernel's two compiled signatures (see warm_up), called without numba's dispatcher. The
 # dispatcher types every argument on every call (six here) to pick the overload: ~0.2 us warm,
-# ~3 us once its code has left the caches (a server at one connection; BENCHMARKS.md, round 8);
-# with Program's own frame, 2.6 of the 9.6 us a one-row request's kernel call costs in-process
-# (round 12). An entry point reads its arguments as its signature says, checking neither dtype nor
+# ~3 us once its code has left the caches (a server at one connection). An entry point reads its arguments as its signature says, checking neither dtype nor
 # rank, so Program's callers pass exactly these types: checked where they are not certain
 # (bind_fp32's flags, run's conversion, the program's own vectors when it is made). Filled by
 # warm_up; until then the dispatcher serves.
@@ -508,8 +497,8 @@ def program_for(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[st
         it, lay, ten, prog = hit
         if it == input_type and lay is layers and ten is tensors and (prog is None or _current(prog.arrays, tensors)):
             return prog
-    # An unsupported model is remembered as None (and keeps the NumPy paths, which check the
-    # weights themselves) until another layers tuple or tensors mapping comes.
+    # An unsupported model is remembered as None (the caller runs the reference, which checks
+    # the weights itself) until another layers tuple or tensors mapping comes.
     prog = compile_program(input_type, layers, tensors)
     if len(_PROGRAMS) >= _CACHE_SIZE:
         _PROGRAMS.pop(next(iter(_PROGRAMS)), None)
@@ -521,7 +510,7 @@ def _warn_once() -> None:
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn("offload.sim.mlp.fused: numba is not installed; using the NumPy paths "
+        warnings.warn("offload.sim.mlp.fused: numba is not installed; using the reference "
                       "(slower, same results)", RuntimeWarning, stacklevel=3)
 
 

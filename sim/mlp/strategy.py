@@ -18,7 +18,7 @@ Under ``distributed_arithmetic`` (hls4ml 1.3 with da4ml 0.5) a Dense layer is no
 
 So a DA Dense is ``result_t(sum_i x_i * w_i + b)`` computed exactly, which is the latency datapath
 with an accumulator wide enough never to round or overflow. :func:`exact_accum` is that type, and
-a DA spec carries it as the layer's ``accum``: the general path and the compiled plan then run DA
+a DA spec carries it as the layer's ``accum``: the reference and the fused program then run DA
 without a second code path. Weights are still offload's quantized ones (``weight_t``/``bias_t``):
 hls4ml receives them as exact dyadic floats, which da4ml uses unchanged. BatchNorm and the
 activations keep their latency implementations (the DA pass only matches Dense/Conv).

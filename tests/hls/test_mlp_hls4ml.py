@@ -17,8 +17,8 @@ import torch
 import offload
 from mlp_cases import adversarial_inputs, random_spec
 from offload.hls.mlp import build_model
+from offload.kernels.mlp import run_rows
 from offload.sim.mlp import forward, simulate
-from offload.sim.mlp.plan import PLAN_MAX_ROWS, plan_for
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -44,12 +44,11 @@ def test_random_spec_matches_hls4ml_100k_rows(seed, tmp_path):
     tensors = spec.tensors()
     y_sim = simulate(spec.input_type, spec.layers, tensors, x)
     _assert_same(y_sim, y_hls)
-    # Small batches take the compiled plan (float64 steps guarded by exactness bounds): the same
-    # rows through it, against hls4ml directly rather than against the general path.
-    assert plan_for(spec.input_type, spec.layers, tensors) is not None
-    n = 150 * PLAN_MAX_ROWS
-    y_plan = np.concatenate([simulate(spec.input_type, spec.layers, tensors, x[i : i + PLAN_MAX_ROWS]) for i in range(0, n, PLAN_MAX_ROWS)])
-    _assert_same(y_plan, y_hls[:n])
+    # The kind's fast path (the fused program, int64 steps guarded by bounds from the types): the
+    # same rows through it, in small batches, against hls4ml directly rather than against the reference.
+    n = 150 * 128
+    y_fast = np.concatenate([run_rows(spec.input_type, spec.layers, tensors, x[i : i + 128]) for i in range(0, n, 128)])
+    _assert_same(y_fast, y_hls[:n])
     # float32 rows go through the bridge's float entry point: input_t(float) is input_t(double(f)),
     # outputs come back as result_t.to_float() (round to nearest even, as NumPy's float64->float32).
     x32 = x.astype(np.float32)

@@ -18,11 +18,10 @@ import torch
 
 import offload
 from mlp_cases import adversarial_inputs, random_spec
-from offload.kernels.mlp import MlpSpec
+from offload.kernels.mlp import MlpSpec, run_rows
 from offload.sim.errors import InputError
 from offload.sim.fixed import FixedType
 from offload.sim.mlp import forward, simulate
-from offload.sim.mlp.plan import PLAN_MAX_ROWS
 
 DA = "distributed_arithmetic"
 
@@ -65,10 +64,10 @@ def test_da_dense_is_the_exact_sum_cast_once(seed):
             np.testing.assert_array_equal(y_raw, _exact_dense_oracle(x_raw, xt, layer, tensors), err_msg=layer.name)
             checked += 1
     assert checked >= 2
-    # The compiled small-batch plan gives the same rows.
+    # The kind's fast path (the fused program), in small batches, gives the same rows.
     y = simulate(da.input_type, da.layers, tensors, x)
-    y_plan = np.concatenate([simulate(da.input_type, da.layers, tensors, x[i : i + PLAN_MAX_ROWS]) for i in range(0, 1024, PLAN_MAX_ROWS)])
-    np.testing.assert_array_equal(y_plan, y[:1024])
+    y_fast = np.concatenate([run_rows(da.input_type, da.layers, tensors, x[i : i + 128]) for i in range(0, 1024, 128)])
+    np.testing.assert_array_equal(y_fast, y[:1024])
     _, lat_steps = forward(lat.input_type, lat.layers, lat.tensors(), x, trace=True)
     assert any((a[1] != b[1]).any() for a, b in zip(steps, lat_steps)), "the narrow accumulators should matter under latency"
 

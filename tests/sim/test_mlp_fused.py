@@ -1,8 +1,8 @@
-"""The MLP simulator's fused compiled program against its general step-by-step path.
+"""The MLP simulator's fused compiled program against its step-by-step reference.
 
-``simulate`` runs :mod:`offload.sim.mlp.fused` first: every layer of a row in one numba call, in
-int64 arithmetic. Zero mismatches are required against ``forward`` with every shortcut off
-(``_FAST_DENSE = False``, the oracle; itself proven against hls4ml's C-simulation in
+The mlp kind's fast path (``run_rows``) runs :mod:`offload.sim.mlp.fused` first: every layer of a
+row in one numba call, in int64 arithmetic. Zero mismatches are required against the reference
+(``offload.sim.mlp.simulate``, the oracle; itself proven against hls4ml's C-simulation in
 test_mlp_hls4ml.py) on random specs with every rounding / overflow mode, on types at the limits,
 and on targeted cases: exact rounding ties of every product, saturation and wrap-around edges,
 table edges, input ties and the float quantization's limit.
@@ -19,7 +19,7 @@ import pytest
 
 import offload.sim.mlp as simmlp
 from mlp_cases import OVERFLOW, ROUNDING, adversarial_inputs, random_spec
-from offload.kernels.mlp import MlpSpec
+from offload.kernels.mlp import MlpSpec, bind_rows, run_rows
 from offload.sim.fixed import FixedType
 from offload.sim.mlp import MlpLayer, fused
 
@@ -27,24 +27,22 @@ pytestmark = pytest.mark.skipif(not fused.available(), reason="numba missing")
 
 
 def _general(input_type, layers, tensors, x, monkeypatch) -> np.ndarray:
-    with monkeypatch.context() as m:
-        m.setattr(simmlp.datapath, "_FAST_DENSE", False)
-        return simmlp.simulate(input_type, layers, tensors, x)
+    """The step-by-step reference."""
+    return simmlp.simulate(input_type, layers, tensors, x)
 
 
 def _fused(input_type, layers, tensors, x, monkeypatch) -> np.ndarray:
-    """simulate() with forward() and the NumPy plan made to fail: the call must take the program."""
+    """The kind's fast path with the reference made to fail: the call must take the program."""
     def fail(*a, **k):
-        raise AssertionError("simulate() left the fused program")
+        raise AssertionError("run_rows() left the fused program")
 
     with monkeypatch.context() as m:
-        m.setattr(simmlp, "forward", fail)
-        m.setattr(simmlp, "plan_for", fail)
-        return simmlp.simulate(input_type, layers, tensors, x)
+        m.setattr(simmlp, "simulate", fail)
+        return run_rows(input_type, layers, tensors, x)
 
 
 def _inputs(rng, rows: int, nf: int, input_type: str) -> np.ndarray:
-    """Adversarial rows with the +-1e300 ones brought down to +-1e6 (larger take forward())."""
+    """Adversarial rows with the +-1e300 ones brought down to +-1e6 (larger take the reference)."""
     x = adversarial_inputs(rng, rows, nf, input_type)
     huge = np.abs(x) > 1e200
     x[huge] = np.sign(x[huge]) * 1e6
@@ -198,11 +196,11 @@ def test_inputs_past_the_float_quantization_take_forward(monkeypatch):
     for v in (2.0 ** (62 - t.F), -np.inf, 1e300):
         x[2, 0] = v
         assert prog.run(x) is None
-        assert np.array_equal(simmlp.simulate(spec.input_type, spec.layers, tensors, x),
+        assert np.array_equal(run_rows(spec.input_type, spec.layers, tensors, x),
                               _general(spec.input_type, spec.layers, tensors, x, monkeypatch))
     x[2, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
-        simmlp.simulate(spec.input_type, spec.layers, tensors, x)
+        run_rows(spec.input_type, spec.layers, tensors, x)
 
 
 def test_program_follows_changed_weights(monkeypatch):
@@ -238,7 +236,7 @@ def test_without_numba_falls_back_with_one_warning(monkeypatch):
     monkeypatch.setattr(fused, "_NUMBA", None)
     monkeypatch.setattr(fused, "_warned", False)
     with pytest.warns(RuntimeWarning, match="numba is not installed"):
-        got = simmlp.simulate(spec.input_type, spec.layers, tensors, x)
+        got = run_rows(spec.input_type, spec.layers, tensors, x)
     assert np.array_equal(got, want)
     assert fused.warm_up() == 0.0
 
@@ -279,10 +277,10 @@ def test_a_read_only_view_of_a_writable_buffer_is_not_taken_as_constant(monkeypa
     prog = fused.program_for(spec.input_type, spec.layers, views)
     assert prog.arrays and all(snap is not None for _, _, snap in prog.arrays)
     x = _inputs(np.random.default_rng(10), 100, spec.n_features, spec.input_type)
-    before = simmlp.simulate(spec.input_type, spec.layers, views, x)
+    before = run_rows(spec.input_type, spec.layers, views, x)
     name = [k for k in base if k.endswith(".weight")][0]
     base[name][...] = 0  # written through the base: the program must see it
-    after = simmlp.simulate(spec.input_type, spec.layers, views, x)
+    after = run_rows(spec.input_type, spec.layers, views, x)
     assert np.array_equal(after, _general(spec.input_type, spec.layers, views, x, monkeypatch))
     assert not np.array_equal(before, after) or np.unique(before).size == 1
 
@@ -308,24 +306,20 @@ def test_fused_matches_hls4ml_directly(seed, tmp_path):
         assert np.array_equal(prog.run(x[i : i + 1]), want[i : i + 1])
 
 
-def test_bind_is_simulate_bit_for_bit(monkeypatch):
-    # bind() looks the program up once; every call must still be simulate()'s answer, on the
-    # program's rows, on rows past the float quantization (the general path), on a width the
-    # program was not built for, and with the shortcuts switched off after binding.
+def test_bind_rows_is_the_reference_bit_for_bit(monkeypatch):
+    # bind_rows() looks the program up once; every call must still be the reference's answer, on
+    # the program's rows, on rows past the float quantization (the reference), and on a width the
+    # program was not built for.
     for seed in range(12):
         spec, _ = random_spec(seed, narrow=seed % 2 == 0)
         tensors = spec.tensors()
         rng = np.random.default_rng(100 + seed)
-        run = simmlp.bind(spec.input_type, spec.layers, tensors)
+        run = bind_rows(spec, tensors)
         x = adversarial_inputs(rng, 200, spec.n_features, spec.input_type)  # keeps the +-1e300 rows
         for rows in (x[:1], x[:64], x):
             np.testing.assert_array_equal(run(rows), simmlp.simulate(spec.input_type, spec.layers, tensors, rows))
-        want = _general(spec.input_type, spec.layers, tensors, x, monkeypatch)
-        with monkeypatch.context() as m:
-            m.setattr(simmlp.datapath, "_FAST_DENSE", False)
-            np.testing.assert_array_equal(run(x), want)
     spec, _ = random_spec(0, narrow=False)
-    run = simmlp.bind(spec.input_type, spec.layers, spec.tensors())
+    run = bind_rows(spec, spec.tensors())
     wide = np.zeros((2, spec.n_features + 1))  # never handed to the program: simulate() refuses it
     with pytest.raises(ValueError, match="broadcast"):
         simmlp.simulate(spec.input_type, spec.layers, spec.tensors(), wide)
@@ -363,7 +357,7 @@ def test_fp32_path_is_the_float64_path_rounded_to_fp32(monkeypatch):
     # run_fp32 reads float32 rows as they are and rounds each output as it stores it: bit for bit
     # the float64 path's outputs .astype(float32), on adversarial FP32 rows (ties of the input
     # type, its limits, values far outside), on rows past the float quantization (None, as run),
-    # and through bind(fp32=True) on every kind of input it may get. The random specs' outputs
+    # and through bind_rows(fp32=True) on every kind of input it may get. The random specs' outputs
     # fit FP32 (their types are narrow); the wide ones' do not, so the rounding itself is tested.
     fused.warm_up()
     compiled = len(fused._run_rows.signatures)
@@ -384,7 +378,7 @@ def test_fp32_path_is_the_float64_path_rounded_to_fp32(monkeypatch):
             past = x32.copy()
             past[7, 0] = 3e38  # |x * 2**F| >= 2**62: the bit-level quantization
             assert prog.run_fp32(past) is None and prog.run(past.astype(np.float64)) is None
-        run32 = simmlp.bind(spec.input_type, spec.layers, tensors, fp32=True)
+        run32 = bind_rows(spec, tensors, fp32=True)
         past = x32.copy()
         past[::5, 0] = np.float32(3e38)
         ro = x32.copy()
@@ -393,10 +387,6 @@ def test_fp32_path_is_the_float64_path_rounded_to_fp32(monkeypatch):
                      np.clip(x32, -6e4, 6e4).astype(np.float16)):  # (float16: the subnormal case's rows become 0)
             want = simmlp.simulate(spec.input_type, spec.layers, tensors, rows.astype(np.float64)).astype(np.float32)
             np.testing.assert_array_equal(_bits(run32(rows)), _bits(want))
-        with monkeypatch.context() as m:  # the shortcuts off after binding: the general path, rounded
-            m.setattr(simmlp.datapath, "_FAST_DENSE", False)
-            m.setattr(fused.Program, "run_fp32", lambda self, x: pytest.fail("the program ran with the shortcuts off"))
-            np.testing.assert_array_equal(_bits(run32(x32)), _bits(_general(spec.input_type, spec.layers, tensors, x64, monkeypatch).astype(np.float32)))
     assert rounded > 1000 and subnormal > 100  # the FP32 rounding had work, subnormals included
     # Layouts and dtypes other than a writable C-ordered native float32 array were converted,
     # never compiled for: no request pays a JIT that warm_up did not.
@@ -424,7 +414,7 @@ def test_warmed_programs_call_the_compiled_entry_points_for_every_layout(monkeyp
     # After warm_up a program calls its two compiled overloads directly, never numba's
     # dispatcher (which types all six arguments on every call): every float64 layout run() gets
     # (read-only, misaligned, Fortran-ordered, another dtype) becomes the one compiled type first,
-    # and the answers are the NumPy reference's, bit for bit.
+    # and the answers are the reference's, bit for bit.
     fused.warm_up()
     assert set(fused._ENTRY) == {"d", "f"}
     spec, _ = random_spec(5)

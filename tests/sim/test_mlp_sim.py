@@ -1,7 +1,6 @@
-"""Unit checks of the MLP simulator's shortcuts against FixedType's general arithmetic.
+"""Unit checks of the MLP reference's steps, and the kind's fast path against the reference.
 
-(The simulator as a whole is proven against hls4ml's C-simulation in test_mlp_hls4ml.py; these
-check that its fast paths are the general path, on cases hls4ml compiles would make slow.)
+(The reference as a whole is proven against hls4ml's C-simulation in test_mlp_hls4ml.py.)
 """
 
 from __future__ import annotations
@@ -10,29 +9,17 @@ import numpy as np
 import pytest
 
 import offload.sim.mlp as simmlp
-from mlp_cases import OVERFLOW, ROUNDING, adversarial_inputs, random_spec
+from mlp_cases import adversarial_inputs, random_spec
+from offload.kernels.mlp import run_rows
 from offload.sim.fixed import FixedType
 
 
-def test_cast_shortcut_equals_fixedtype_cast():
-    rng = np.random.default_rng(0)
-    for _ in range(300):
-        src = FixedType(int(rng.integers(2, 40)), int(rng.integers(-4, 20)), bool(rng.random() < 0.7))
-        dst = FixedType(int(rng.integers(2, 40)), int(rng.integers(-4, 20)), bool(rng.random() < 0.7),
-                        str(rng.choice(ROUNDING)), str(rng.choice(OVERFLOW)))
-        raw = rng.integers(src.min_raw, src.max_raw, size=500, endpoint=True, dtype=np.int64)
-        raw[:4] = [src.min_raw, src.max_raw, 0, src.max_raw // 2]
-        got = simmlp.datapath._cast(dst, raw.copy(), src)
-        assert np.array_equal(got, dst.cast(raw, src)), (str(src), str(dst))
-
-
 @pytest.mark.parametrize("seed", [1, 2, 4, 6])
-def test_dense_gemm_shortcut_equals_step_by_step_accumulation(seed, monkeypatch):
-    spec, _ = random_spec(seed, narrow=False)  # wide accumulators: the shortcut applies
+def test_fast_path_equals_step_by_step_accumulation(seed):
+    spec, _ = random_spec(seed, narrow=False)  # wide accumulators: the exact dense sums
     rng = np.random.default_rng(seed)
     x = adversarial_inputs(rng, 3000, spec.n_features, spec.input_type)
-    fast = simmlp.simulate(spec.input_type, spec.layers, spec.tensors(), x)
-    monkeypatch.setattr(simmlp.datapath, "_FAST_DENSE", False)
+    fast = run_rows(spec.input_type, spec.layers, spec.tensors(), x)
     slow = simmlp.simulate(spec.input_type, spec.layers, spec.tensors(), x)
     assert np.array_equal(fast, slow)
 
@@ -41,10 +28,10 @@ def test_table_index_clamps_and_truncates_toward_zero():
     t = FixedType.parse("ap_fixed<16,6>")
     # x * 1024 / 16 = 64 x; int() truncates toward zero; + 512; clamp to [0, 1023]
     xs = np.array([0.0, 1 / 64, -1 / 64, 1.5 / 64, -1.5 / 64, 7.99, 8.0, -8.0, -8.02, 31.9])
-    idx = simmlp.datapath._table_index(t.quantize(xs), t, "sigmoid", 1024)
+    idx = simmlp.reference._table_index(t.quantize(xs), t, "sigmoid", 1024)
     assert idx.tolist() == [512, 513, 511, 513, 511, 1023, 1023, 0, 0, 1023]
     # tanh: x * N / 8 with N = 512 -> 64 x, offset 256
-    idx = simmlp.datapath._table_index(t.quantize(np.array([-0.9 / 64, 3.999, -4.5])), t, "tanh", 512)
+    idx = simmlp.reference._table_index(t.quantize(np.array([-0.9 / 64, 3.999, -4.5])), t, "tanh", 512)
     assert idx.tolist() == [256, 511, 0]
 
 
@@ -66,17 +53,3 @@ def test_weights_go_through_hls4ml_decimal_text():
     vals = np.array([0.0078125, 0.0234375])
     assert simmlp.quantize_like_hls4ml(vals, t).tolist() == [0, 2]
     assert t.quantize(vals).tolist() == [1, 2]
-
-
-def test_int32_product_path_equals_int64():
-    rng = np.random.default_rng(3)
-    for _ in range(200):
-        src = FixedType(int(rng.integers(2, 31)), int(rng.integers(-4, 12)))
-        dst = FixedType(int(rng.integers(2, 40)), int(rng.integers(-4, 20)), True, str(rng.choice(ROUNDING)), str(rng.choice(OVERFLOW)))
-        raw = rng.integers(src.min_raw, src.max_raw, size=400, endpoint=True, dtype=np.int64)
-        a = simmlp.datapath._round_grid(dst, raw.astype(np.int32), src)
-        b = simmlp.datapath._round_grid(dst, raw, src)
-        if b is None:
-            assert a is None
-        else:
-            assert np.array_equal(np.asarray(a, dtype=np.int64), b), (str(src), str(dst))

@@ -1,6 +1,43 @@
-"""The general (step-by-step) datapath of the MLP reference: layer specs, weights as hls4ml
-writes them, activation tables, and :func:`forward` over raw integers. The rules it follows are
-listed in :mod:`offload.sim.mlp`."""
+"""Bit-exact reference of hls4ml's io_parallel datapath for small scoring MLPs (Vitis backend),
+step by step over raw integers.
+
+Every rule below is read from the C++ hls4ml generates and compiles (``nnet_utils`` in the
+installed hls4ml, ``firmware/parameters.h`` / ``defines.h`` of a written project); the proof is
+``tests/hls/test_mlp_hls4ml.py``, which compares against hls4ml's own compiled C-simulation.
+
+- Input: ``input_t(double)`` (the ``myproject_double`` bridge converts each feature that way).
+- Dense (``nnet_dense_latency.h``): ``mult = (accum_t)(x * w)`` with the full-precision product,
+  ``acc = (accum_t)bias``, then ``acc += mult`` input by input in index order (each step assigned
+  back into ``accum_t``), finally ``res = (result_t)acc``.
+- BatchNorm (``nnet_batchnorm.h``, ``normalize``): ``res = (result_t)(x * scale + bias)`` with the
+  exact product and sum.
+- ReLU: ``x > 0 ? (result_t)x : 0``. LeakyReLU: ``x > 0 ? (result_t)x : (result_t)(alpha * x)``
+  with ``alpha = (param_t)(double)negative_slope``.
+- Sigmoid / Tanh (``nnet_activation.h``): a ``table_size``-entry table built at first call in
+  float (``1.0 / (1 + std::exp(-x))`` returned as float; ``tanh`` resolves to ``tanhf``) over
+  [-8, 8) / [-4, 4) and stored in ``table_t``; the index is
+  ``int(x * table_size / 16) + table_size / 2`` (``/ 8`` for tanh), clamped to the table.
+  The float functions come from this machine's libm (``expf`` / ``tanhf`` through ctypes): NumPy's
+  own float32 ``exp`` differs from glibc's in the last bit for some inputs, which can move a table
+  entry by one LSB after rounding into ``table_t``.
+- Output: ``double(result_t)``.
+
+Weights reach the C++ as decimal text: hls4ml prints each float with ``F`` decimals (``F`` = the
+weight type's fraction bits, at least 0) and the firmware converts that text to the type;
+:func:`quantize_like_hls4ml` reproduces that path.
+
+The code is that list, nothing faster: exact products with :func:`~offload.sim.fixed.mul`, every
+assignment through :meth:`FixedType.cast`, the dense sum with :func:`~offload.sim.fixed.accumulate`
+(one ``acc += mult`` at a time). The fast path is :mod:`offload.sim.mlp.fused`; the ``mlp`` kernel
+kind chooses between the two.
+
+Example::
+
+    from offload.sim.mlp import MlpLayer, simulate
+    layers = [MlpLayer("fc0", "dense", 4, 1, "ap_fixed<16,6>", weight="ap_fixed<8,2>",
+                       bias="ap_fixed<8,2>", accum="ap_fixed<24,10>")]
+    y = simulate("ap_fixed<16,6>", layers, {"fc0.weight": w_raw, "fc0.bias": b_raw}, x)
+"""
 
 from __future__ import annotations
 
@@ -12,18 +49,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from offload.sim import _fixed_core as _core
-from offload.sim.fixed import FixedType, accumulate, add, mul, mul_type
+from offload.sim.fixed import FixedType, accumulate, add, mul
 
-__all__ = ["OPS", "MlpLayer", "activation_table", "forward", "quantize_like_hls4ml"]
+__all__ = ["OPS", "TABLE_SPAN", "MlpLayer", "fixed_type", "activation_table", "forward", "simulate", "quantize_like_hls4ml"]
 
 OPS = ("dense", "batchnorm", "relu", "leaky_relu", "sigmoid", "tanh")
-# Fraction of the table range: sigmoid's table spans [-8, 8), tanh's [-4, 4) (nnet_activation.h).
-_TABLE_SPAN = {"sigmoid": 16, "tanh": 8}
-_ROW_BLOCK_ELEMS = 1 << 18  # products per block on the exact dense path: blocks stay in cache
-# Tests turn the exact-GEMM shortcuts off (this one and the compiled plan below, whose dense steps
-# are GEMMs) to check them against the step-by-step path.
-_FAST_DENSE = True
+# Width of the table's input range: sigmoid's table spans [-8, 8), tanh's [-4, 4) (nnet_activation.h).
+TABLE_SPAN = {"sigmoid": 16, "tanh": 8}
+# Products per block of rows in a dense layer: bounds the B x n_in x n_out product array's memory.
+_ROW_BLOCK_ELEMS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -68,8 +102,8 @@ class MlpLayer:
 
 
 @functools.lru_cache(maxsize=4096)
-def _ftype(text: str) -> FixedType:
-    """Parsed type, cached: a batch-1 call would otherwise spend most of its time in the parser."""
+def fixed_type(text: str) -> FixedType:
+    """``FixedType.parse(text)``, cached: a layer's types are parsed on every call."""
     return FixedType.parse(text)
 
 
@@ -105,7 +139,7 @@ def _libm() -> ctypes.CDLL:
 def _float_table(op: str, n: int) -> np.ndarray:
     """The float32 values nnet_activation.h computes before storing them in table_t."""
     ii = np.arange(n, dtype=np.float64)
-    span = float(_TABLE_SPAN[op])
+    span = float(TABLE_SPAN[op])
     # float in_val = 2 * 8.0 * (ii - float(N) / 2.0) / float(N): double arithmetic, stored as float.
     x = (span * (ii - n / 2.0) / float(n)).astype(np.float32)
     lib = _libm()
@@ -118,16 +152,16 @@ def _float_table(op: str, n: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _table_raw(op: str, n: int, table: str) -> np.ndarray:
-    raw = _ftype(table).quantize(_float_table(op, n).astype(np.float64))
+    raw = fixed_type(table).quantize(_float_table(op, n).astype(np.float64))
     raw.setflags(write=False)
     return raw
 
 
 def activation_table(op: str, table_size: int, table: str) -> np.ndarray:
     """Raw ``table_t`` contents of hls4ml's sigmoid/tanh lookup table."""
-    if op not in _TABLE_SPAN:
+    if op not in TABLE_SPAN:
         raise ValueError(f"op {op!r} has no lookup table (sigmoid, tanh do)")
-    return _table_raw(op, int(table_size), str(_ftype(table)))
+    return _table_raw(op, int(table_size), str(fixed_type(table)))
 
 
 def _wrap32(v: np.ndarray) -> np.ndarray:
@@ -142,7 +176,7 @@ def _trunc_div(a: np.ndarray, d: int) -> np.ndarray:
 
 def _table_index(x: np.ndarray, xt: FixedType, op: str, n: int) -> np.ndarray:
     """``int index = int(data * table_size / span) + span/2 * table_size / span``, clamped."""
-    span = _TABLE_SPAN[op]
+    span = TABLE_SPAN[op]
     if xt.width + int(n).bit_length() > 62:
         raise OverflowError(f"{op}: input type {xt} is too wide for the exact index computation")
     # data * table_size is exact; '/ span' is ap_fixed / int: an exact sdiv of the raw values
@@ -159,126 +193,49 @@ def _table_index(x: np.ndarray, xt: FixedType, op: str, n: int) -> np.ndarray:
 
 
 # -- layers --------------------------------------------------------------------------------------
-def _round_grid(t: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray | None:
-    """``raw`` (int64, or int32 for sources of <= 30 bits, type ``src``) rounded onto ``t``'s grid
-    with ``t``'s mode, before overflow handling; None where the integer shortcut does not apply
-    (then use FixedType.cast). The result keeps int32 only on the two-pass path."""
-    if raw.dtype not in (np.int64, np.int32) or t.raw_dtype != np.int64 or t.is_int or src.is_int:
-        return None
-    shift = src.F - t.F
-    if shift == 0:
-        return raw
-    narrow = raw.dtype == np.int32
-    if 1 <= shift <= (30 if narrow else 62):
-        if t.rounding in ("AP_RND", "AP_TRN") and src.width <= (30 if narrow else 62):
-            # floor(raw / 2**s + 1/2) == (raw + 2**(s-1)) >> s exactly (no overflow for W <= 62,
-            # or W <= 30 in int32): two passes instead of the general rounding's four.
-            one = raw.dtype.type
-            q = raw + one(1 << (shift - 1)) if t.rounding == "AP_RND" else raw.copy()
-            q >>= one(shift)
-            return q
-    raw = raw.astype(np.int64, copy=False)
-    if 1 <= shift <= 62:
-        return _core.round_shift_int64(raw, shift, t.rounding)
-    if shift < 0 and src.width - shift <= 63:
-        return raw << np.int64(-shift)
-    return None
-
-
-def _cast(t: FixedType, raw: np.ndarray, src: FixedType) -> np.ndarray:
-    """``t.cast(raw, src)`` for int64 raws already known to lie in ``src``'s range.
-
-    The hot path of every layer: it skips FixedType.cast's range check and sign/magnitude split
-    (the values come from this module's own exact arithmetic) and goes straight to the int64
-    shift-rounding and overflow primitives FixedType.cast itself uses for these cases.
-    """
-    q = _round_grid(t, raw, src)
-    if q is None:
-        return t.cast(raw, src)
-    return _core.fit_int64(q.astype(np.int64, copy=False), t, inplace=q is not raw)
-
-
 def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
-    wt = _ftype(layer.weight)
-    at = _ftype(layer.accum)
-    rt = _ftype(layer.result)
+    wt = fixed_type(layer.weight)
+    at = fixed_type(layer.accum)
+    rt = fixed_type(layer.result)
     w = np.asarray(tensors[f"{layer.name}.weight"], dtype=np.int64)  # [n_in, n_out]
     if layer.use_bias:
-        bt = _ftype(layer.bias)
-        acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), bt)  # checked once
+        acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), fixed_type(layer.bias))  # acc = (accum_t)bias
     else:
         acc0 = np.zeros(layer.n_out, dtype=np.int64)
-    pt = mul_type(xt, wt)
-    x = x.astype(np.int64, copy=False)
-    shift = at.F - pt.F
-    if _FAST_DENSE and shift >= 0 and at.signed and not at.is_int and pt.width <= 62 and at.width <= 62 and x.size:
-        # Fast path: each product lands on the accumulator grid without rounding; when no partial
-        # sum can leave accum_t's range (bound taken from this batch's own inputs) the saturating /
-        # wrapping steps are all identities and the result is an exact integer matrix product.
-        xmax = np.abs(x).max(axis=0).astype(np.float64)  # per input feature
-        prod_bound = float((xmax @ np.abs(w).astype(np.float64)).max(initial=0.0))
-        if prod_bound < 2.0**52 and (int(prod_bound) << shift) + int(np.abs(acc0).max(initial=0)) <= at.max_raw:
-            # Every partial sum of integers is an integer no larger than prod_bound, so a float
-            # matrix product is exact whatever order BLAS adds in: float32 below 2**24, else float64.
-            ft = np.float32 if prod_bound < 2.0**24 else np.float64
-            s = x.astype(ft) @ w.astype(ft)
-            acc = s.astype(np.int64)
-            if shift:
-                acc <<= np.int64(shift)
-            acc += acc0
-            return _cast(rt, acc, at)
-    # Exact path: cast every product into accum_t, accumulate input by input.
     n_in, n_out = w.shape
     rows = max(1, _ROW_BLOCK_ELEMS // max(1, n_in * n_out))
     out = np.empty((x.shape[0], n_out), dtype=rt.raw_dtype)
-    wrap = at.overflow == "AP_WRAP" and not at.sat_bits
-    # Products of <= 30 bits are computed in int32: half the memory traffic of the B x n_in x n_out pass.
-    xw, ww = (x.astype(np.int32), w.astype(np.int32)) if pt.width <= 30 else (x, w)
     for r0 in range(0, x.shape[0], rows):
         xb = x[r0 : r0 + rows]
-        prod = xw[r0 : r0 + rows, :, None] * ww[None, :, :]  # exact: the spec keeps x * w within 62 bits
-        grid = _round_grid(at, prod, pt)
-        if grid is not None and wrap:
-            # Wrapping each product and every partial sum into W bits is the total modulo 2**W.
-            acc = _core.fit_int64(grid.sum(axis=1, dtype=np.int64) + acc0, at, inplace=True)
-        elif grid is not None:
-            grid = grid.astype(np.int64, copy=False)
-            terms = _core.fit_int64(grid, at, inplace=grid is not prod)  # mult[i] = (accum_t)(x * w)
-            acc = np.array(np.broadcast_to(acc0, (xb.shape[0], n_out)))
-            for i in range(n_in):  # acc += mult[i], saturating after every step
-                acc += terms[:, i]
-                acc = _core.fit_int64(acc, at, inplace=True)
-        else:
-            prod, _ = mul(xb[:, :, None], xt, w[None, :, :], wt)
-            terms = at.cast(prod, pt)
-            acc = accumulate(terms, at, at, axis=1, init=np.broadcast_to(acc0, (xb.shape[0], n_out)))
-        out[r0 : r0 + rows] = _cast(rt, acc, at)
+        prod, pt = mul(xb[:, :, None], xt, w[None, :, :], wt)  # exact x * w (the spec keeps it within 62 bits)
+        terms = at.cast(prod, pt)  # mult[i] = (accum_t)(x * w)
+        acc = accumulate(terms, at, at, axis=1, init=np.broadcast_to(acc0, (xb.shape[0], n_out)))  # acc += mult[i]
+        out[r0 : r0 + rows] = rt.cast(acc, at)  # res = (result_t)acc
     return out
 
 
 def _batchnorm(x, xt, layer, tensors):
-    st = _ftype(layer.scale)
-    bt = _ftype(layer.bias)
-    rt = _ftype(layer.result)
+    st = fixed_type(layer.scale)
+    bt = fixed_type(layer.bias)
+    rt = fixed_type(layer.result)
     prod, pt = mul(x, xt, np.asarray(tensors[f"{layer.name}.scale"], dtype=np.int64), st)
     s, sumt = add(prod, pt, np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), bt)
-    return _cast(rt, s, sumt)
+    return rt.cast(s, sumt)
 
 
 def _activation(x, xt, layer):
-    rt = _ftype(layer.result)
+    rt = fixed_type(layer.result)
     if layer.op == "relu":
-        # (result_t)0 is 0 in every mode, so clamping first and casting once is the same.
-        return _cast(rt, np.maximum(x, 0), xt)
+        return np.where(x > 0, rt.cast(x, xt), 0).astype(rt.raw_dtype, copy=False)
     if layer.op == "leaky_relu":
-        ptype = _ftype(layer.param)
+        ptype = fixed_type(layer.param)
         alpha = ptype.quantize(np.float64(layer.alpha))
         prod, pt = mul(np.broadcast_to(alpha, x.shape), ptype, x, xt)
-        return np.where(x > 0, _cast(rt, x, xt), _cast(rt, prod, pt)).astype(rt.raw_dtype, copy=False)
+        return np.where(x > 0, rt.cast(x, xt), rt.cast(prod, pt)).astype(rt.raw_dtype, copy=False)
     n = int(layer.table_size)
     table = activation_table(layer.op, n, layer.table)
     idx = _table_index(x, xt, layer.op, n)
-    return _cast(rt, table[idx], _ftype(layer.table))
+    return rt.cast(table[idx], fixed_type(layer.table))
 
 
 def forward(
@@ -294,7 +251,7 @@ def forward(
     With ``trace=True`` also returns ``[(layer name, raw output, type), ...]`` for every layer,
     the input quantization first (named ``"input"``).
     """
-    t = _ftype(input_type)
+    t = fixed_type(input_type)
     v = t.quantize(np.asarray(x, dtype=np.float64))
     steps = [("input", v, t)] if trace else []
     for layer in layers:
@@ -306,7 +263,14 @@ def forward(
             v = _activation(v, t, layer)
         else:
             raise ValueError(f"layer {layer.name!r}: unknown op {layer.op!r}; supported: {', '.join(OPS)}")
-        t = _ftype(layer.result)
+        t = fixed_type(layer.result)
         if trace:
             steps.append((layer.name, v, t))
     return (v, steps) if trace else v
+
+
+def simulate(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Float64 outputs [B, n_out] of float64 rows ``x``: :func:`forward`'s last raw values as
+    doubles, bit for bit what hls4ml's C-simulation ``predict`` returns."""
+    last = fixed_type(layers[-1].result if layers else input_type)
+    return last.to_float(forward(input_type, layers, tensors, x))
