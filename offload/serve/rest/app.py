@@ -40,6 +40,7 @@ def rest_app(plane: DataPlane, *, on_start: Callable[[], Awaitable[None]] | None
     starts and before it stops (the gRPC listener of ``offload serve --grpc-port``)."""
     model = plane.model
     requests_by_code = plane.metrics.requests
+    ok = requests_by_code.labels(model=model.name, code="200")  # the usual child, looked up once
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -95,7 +96,7 @@ def rest_app(plane: DataPlane, *, on_start: Callable[[], Awaitable[None]] | None
             requests_by_code.labels(model=model.name, code=str(r.status_code)).inc()
             return r
         out, headers = encode_infer(resp)
-        requests_by_code.labels(model=model.name, code="200").inc()
+        ok.inc()
         return Response(out, headers=headers)
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -107,7 +108,10 @@ def rest_app(plane: DataPlane, *, on_start: Callable[[], Awaitable[None]] | None
         plane.metrics.errors.labels(type="internal").inc()
         return _json({"error": "internal error"}, 500)
 
+    # Starlette tries routes in order, a regular expression each: infer, nearly every request, first.
     routes = [
+        Route("/v2/models/{name}/infer", infer, methods=["POST"]),
+        Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
         Route("/v2", server_meta),
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
@@ -115,8 +119,6 @@ def rest_app(plane: DataPlane, *, on_start: Callable[[], Awaitable[None]] | None
         Route("/v2/models/{name}/versions/{version}", model_meta),
         Route("/v2/models/{name}/ready", model_ready),
         Route("/v2/models/{name}/versions/{version}/ready", model_ready),
-        Route("/v2/models/{name}/infer", infer, methods=["POST"]),
-        Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
         Route("/metrics", metrics),
     ]
     inner = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: crash})
@@ -146,9 +148,13 @@ class _Responses:
     def __init__(self, app, plane: DataPlane) -> None:
         self.app = app
         self._counter = plane.metrics.responses
+        self._children: dict[int, object] = {}
 
     def count(self, status: int) -> None:
-        self._counter.labels(code=str(status)).inc()
+        child = self._children.get(status)
+        if child is None:  # labels() takes a lock and formats the label: once per status
+            child = self._children[status] = self._counter.labels(code=str(status))
+        child.inc()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
