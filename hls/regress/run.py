@@ -25,6 +25,7 @@ from offload.hls.regress.synth import entry_dir, synth_entry
 from offload.hls.vitis import vitis_hls
 from offload.kernels.catalogue import Entry, Golden, GoldenError, load_golden
 from offload.kernels.registry import get_kind
+from offload.sim.errors import UnsupportedError
 
 __all__ = ["DEFAULT_PART", "DEFAULT_CLOCK_NS", "check_entry", "run_regression"]
 
@@ -34,8 +35,7 @@ DEFAULT_CLOCK_NS = 3.333  # 300 MHz kernel clock, the Alveo default (CARDS[...].
 
 def _check_rtl(entry: Entry, golden: Golden, workdir: Path, clock_ns: float) -> Check:
     """The entry's network as da4ml Verilog under Verilator (cached builds) against the golden outputs."""
-    from offload.hls.rtl import RtlModel
-    from offload.sim.errors import UnsupportedError
+    from offload.hls.rtl import RtlModel  # the rtl extra's tools: imported only when the stage runs
 
     kernel = golden.kernel()
     try:
