@@ -21,7 +21,8 @@ from offload.sim.errors import InputError, InputTypeError
 
 __all__ = ["Memory", "Card", "CARDS", "get_card", "PCIE_GEN3_X16_EFFECTIVE_BPS",
            "PCIE_TRANSFER_LATENCY_S", "KERNEL_LAUNCH_S", "HBM_RANDOM_READ_LATENCY_S", "DDR_RANDOM_READ_LATENCY_S",
-           "M_AXI_OUTSTANDING_READS", "DDR4_CHANNEL_BPS"]
+           "M_AXI_OUTSTANDING_READS", "DDR4_CHANNEL_BPS",
+           "KERNEL_LAUNCH_REPORTED_S", "HOST_CARD_ROUND_TRIP_S", "PERSISTENT_POLL_INTERVAL_S", "LAUNCH_MODES"]
 
 _GiB = 1 << 30
 
@@ -43,6 +44,32 @@ PCIE_TRANSFER_LATENCY_S = 10e-6
 # 16-56 us on a U25 with XRT 2.12 (XRT issue #6601); ~45 us for an empty kernel through XRT
 # (XRT issue #9018). We take the low end of the U55C figure.
 KERNEL_LAUNCH_S = 50e-6
+
+# --- launch modes (read by offload.advisor.model) -----------------------------------------------
+# "per_call": every call syncs its buffers (PCIE_TRANSFER_LATENCY_S each) and starts one xrt::run
+# (KERNEL_LAUNCH_S above). Users report 16-100 us a run: xrt::run::run + start 56, 28, 16, 17 us
+# for four runs on a U25 with XRT 2.12 (Xilinx/XRT issue #6601); 50-100 us on a U55C with Vitis
+# 2022.1 (Xilinx/XRT issue #8687). #9018's ~45 us empty kernel is an NPU (MLIR-AIE), not an Alveo.
+KERNEL_LAUNCH_REPORTED_S = (16e-6, 100e-6)
+# "persistent": the kernel is started once and serves a ring of request slots in host memory
+# (xrt::bo::flags::host_only buffers, Vitis_Accel_Examples host_xrt/host_memory_simple_xrt, whose
+# kernel reads and writes them over PCIe with no xrt::bo::sync). A call writes its slot, the
+# kernel's loop sees it at its next poll, computes, writes the response and its sequence word to
+# host memory; the host spins on that word. No xrt::run, no buffer sync.
+# Host -> card -> host round trip of a small request: Coyote's perf_local example (the card reads
+# a buffer from host memory and writes it back; software polls for completion), HOST data stream,
+# 50 runs each, in fpgasystems/Coyote issue #161: 3.01/3.03/3.07 us at 64/128/256 B
+# (`bin/test -s 1 -h 1 -m 0`) and 3.56/3.81/3.10 us (`-m 1`); other runs in the same thread read
+# 2.36-2.63 us. We take the largest reading, 3.81 us. It is a measurement of Coyote's shell, not
+# of an XRT platform: an assumption for XRT's host-memory path until measured on a card.
+HOST_CARD_ROUND_TRIP_S = 3.81e-6
+# Poll interval of the kernel loop: how long a request written to its slot waits until the kernel
+# reads it. Our assumption, not a measurement: the loop re-reads the slot's sequence word back to
+# back, one small host-memory read per poll, and such a read takes at most the round trip above;
+# a request is charged the whole interval (the worst case, not the mean of half of it).
+PERSISTENT_POLL_INTERVAL_S = HOST_CARD_ROUND_TRIP_S
+LAUNCH_MODES = ("per_call", "persistent")
+# --- end of launch modes ------------------------------------------------------------------------
 
 # --- card memory ---------------------------------------------------------------------------------
 # HBM2 on U50/U55C/U280: 32 pseudo channels, 14.375 GB/s max theoretical each, 460 GB/s total
