@@ -59,16 +59,64 @@ def test_an_oversized_header_is_refused_with_431_before_it_is_read_whole(srv):
     # A complete head just over the cap: 431 too, and the server keeps serving.
     r = raw_request(srv.port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
     assert status_of(r) == 431
+    # At the limit itself: a head of exactly 16384 bytes is read; one byte more is refused.
+    base = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: \r\n\r\n"
+    pad = lambda n: base[:-4] + b"a" * (n - len(base)) + b"\r\n\r\n"  # noqa: E731
+    assert status_of(raw_request(srv.port, pad(16384))) == 200
+    assert status_of(raw_request(srv.port, pad(16385))) == 431
     assert httpx.get(f"{srv.url}/v2/health/live", timeout=5).status_code == 200
 
 
-def test_a_long_request_line_is_414_and_too_many_headers_431(srv):
-    r = raw_request(srv.port, b"GET /v2/" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+def _head(path: bytes, n_fields: int) -> bytes:
+    """A GET head with exactly ``n_fields`` header fields, Host included."""
+    return b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(n_fields - 1)) + b"\r\n"
+
+
+def test_the_request_line_and_header_count_limits_at_their_value(srv):
+    # Apache's LimitRequestLine (8190) and LimitRequestFields (100): the last value that passes
+    # and the first that is refused, from the limits' definitions.
+    line = lambda n: b"GET /v2/health/live?" + b"a" * (n - len(b"/v2/health/live?")) + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"  # noqa: E731
+    assert status_of(raw_request(srv.port, line(8190))) == 200
+    r = raw_request(srv.port, line(8191))
     assert status_of(r) == 414, r[:200]
-    many = b"".join(b"X-H%d: v\r\n" % i for i in range(150))
-    r = raw_request(srv.port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
-    assert status_of(r) == 431, r[:200]
-    assert b"100 header fields" in r
+    assert status_of(raw_request(srv.port, _head(b"/v2/health/live", 100))) == 200
+    r = raw_request(srv.port, _head(b"/v2/health/live", 101))
+    assert status_of(r) == 431 and b"100 header fields" in r, r[:200]
+
+
+def test_the_header_count_is_per_request_on_a_keep_alive_connection(srv):
+    # Three requests of 60 fields each on one connection: 180 in all, 60 a request, all answered.
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(_head(b"/v2/health/live", 60) * 3)
+        got = b""
+        while got.count(b"HTTP/1.1 ") < 3:
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+    assert [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3})", got)] == [200, 200, 200], got[:300]
+
+
+def test_a_head_trickled_a_byte_at_a_time_still_meets_its_deadline(srv):
+    # slowloris that trickles: a byte every 0.25 s. The head deadline (1 s here) runs from the
+    # head's first byte and no read pushes it back, so the connection is answered 408 and closed
+    # well before the head could finish (it would take 12 s).
+    head = b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: trickle\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        t0 = time.monotonic()
+        got = b""
+        try:
+            for b in head:
+                s.sendall(bytes([b]))
+                time.sleep(0.25)
+                if time.monotonic() - t0 > 6:
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        rest, closed = read_until_close(s)
+        got += rest
+        elapsed = time.monotonic() - t0
+    assert status_of(got) == 408 and closed, got
+    assert elapsed < 6, f"the trickled head held the connection {elapsed:.1f} s"
 
 
 def test_a_slow_head_gets_408_and_a_slow_body_is_cut(srv):
