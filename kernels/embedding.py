@@ -80,6 +80,7 @@ __all__ = [
     "run_checked",
     "check_tensors",
     "tensor_shapes",
+    "SPEC_SCHEMA",
     "KIND",
 ]
 
@@ -242,6 +243,51 @@ class EmbeddingSpec:
         spec = EmbeddingSpec(tables=tables, **d)
         _check_spec(spec)
         return spec
+
+
+# The JSON Schema of EmbeddingSpec.to_json() (KernelKind.spec_schema). Ranges: the generated C++
+# (offload.hls.embedding) declares dim, col, total_dim and max_bag as ``int`` and rows as int64_t;
+# rows are bounded like a bundle manifest's dimensions (2^44). A memory-port bundle name is written
+# into an HLS pragma, so it is a C identifier. At most 1,024 tables: a bundle's kernel holds at most
+# 1,024 tensors.
+_INT_MAX = (1 << 31) - 1
+_MAX_ROWS = 1 << 44
+_MAX_TABLES = 1024
+_TYPE_TEXT = {"type": "string", "maxLength": 128, "pattern": r"^ap_u?(fixed|int)<[0-9A-Z_, +-]+>\Z"}
+SPEC_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["tables", "mode", "max_bag_size", "acc_type", "out_type"],
+    "properties": {
+        "kind": {"const": "embedding"},
+        "tables": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": _MAX_TABLES,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "num_rows", "dim", "fmt"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": 256},
+                    "num_rows": {"type": "integer", "minimum": 1, "maximum": _MAX_ROWS},
+                    "dim": {"type": "integer", "minimum": 1, "maximum": _INT_MAX},
+                    "fmt": {"anyOf": [{"const": ROWWISE}, _TYPE_TEXT]},
+                    "param_type": {"anyOf": [{"type": "null"}, _TYPE_TEXT]},
+                    "padding_idx": {"type": ["integer", "null"], "minimum": 0, "maximum": _MAX_ROWS - 1},
+                    "bundle": {"type": ["string", "null"], "pattern": r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z"},
+                },
+            },
+        },
+        "mode": {"enum": list(_sim.MODES)},
+        "max_bag_size": {"type": "integer", "minimum": 1, "maximum": _INT_MAX},
+        "acc_type": _TYPE_TEXT,
+        "out_type": _TYPE_TEXT,
+        "weight_type": _TYPE_TEXT,
+        "feature_table_map": {"type": "array", "minItems": 1, "maxItems": _INT_MAX,
+                              "items": {"type": "integer", "minimum": 0, "maximum": _MAX_TABLES - 1}},
+    },
+}
 
 
 def _log2_ceil(n: int) -> int:
@@ -739,4 +785,5 @@ def run_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: 
 
 
 KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,
-                                tensor_shapes=tensor_shapes, prepare=prepare, run_checked=run_checked))
+                                tensor_shapes=tensor_shapes, prepare=prepare, run_checked=run_checked,
+                                spec_schema=SPEC_SCHEMA))

@@ -148,6 +148,51 @@ class MlpSpec:
         return out
 
 
+# The JSON Schema of MlpSpec.to_json() (KernelKind.spec_schema). Widths and counts are C++ ``int``
+# in hls4ml's generated code; constants are the raw int64 weights; layer names become C++ names.
+_INT_MAX = (1 << 31) - 1
+_TYPE_TEXT = {"type": "string", "maxLength": 128, "pattern": r"^ap_u?(fixed|int)<[0-9A-Z_, +-]+>\Z"}
+_WIDTH = {"type": "integer", "minimum": 1, "maximum": _INT_MAX}
+SPEC_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["n_features", "input_type", "layers"],
+    "properties": {
+        "kind": {"const": "mlp"},
+        "n_features": {"type": "integer", "minimum": 1, "maximum": MAX_FEATURES},
+        "input_type": _TYPE_TEXT,
+        "reuse_factor": _WIDTH,
+        "strategy": {"enum": list(STRATEGIES)},
+        "layers": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 1024,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "op", "n_in", "n_out", "result"],
+                "properties": {
+                    "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z"},
+                    "op": {"enum": list(OPS)},
+                    "n_in": _WIDTH,
+                    "n_out": _WIDTH,
+                    **{role: _TYPE_TEXT for role in ("result", "weight", "bias", "accum", "scale", "param", "table")},
+                    "alpha": {"type": "number"},
+                    "table_size": {"type": "integer", "minimum": 2, "maximum": 1 << 16},
+                    "use_bias": {"type": "boolean"},
+                },
+            },
+        },
+        "constants": {
+            "type": "object",
+            "maxProperties": 2048,
+            "propertyNames": {"type": "string", "maxLength": 256},
+            "additionalProperties": {"type": "array", "int64Items": True},
+        },
+    },
+}
+
+
 def _type(layer: MlpLayer, role: str) -> FixedType:
     text = getattr(layer, role)
     if text is None:
@@ -428,4 +473,5 @@ def prepare(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> tuple[dict[str,
 
 
 KIND = register_kind(KernelKind("mlp", MlpSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,
-                                tensor_shapes=MlpSpec.tensor_shapes, prepare=prepare, run_checked=run_checked, bind_rows=bind_rows))
+                                tensor_shapes=MlpSpec.tensor_shapes, prepare=prepare, run_checked=run_checked, bind_rows=bind_rows,
+                                spec_schema=SPEC_SCHEMA))

@@ -47,6 +47,12 @@ class KernelKind:
     - ``tensor_shapes(spec)`` (optional) gives the shape of every resident tensor the spec needs,
       from the spec alone, so a bundle loader can refuse a tensor whose declared shape contradicts
       the spec before it reads a byte of it.
+    - ``spec_schema`` (optional) is the JSON Schema (draft 2020-12) of ``spec.to_json()``: every
+      field's type and range. A bundle's spec is checked against it before ``spec_from_json`` sees
+      it, so a value of the wrong type (``16.0`` for a dimension) or past what the C++ kernel
+      declares (``1e30`` for an ``int``) is refused naming the field. "integer" means a JSON integer
+      (not ``2.0``, not ``true``); ``"int64Items": true`` checks that every item of a long array
+      is an int64 integer in one pass (per-item validation costs about 16 us an item).
     - ``prepare(spec, tensors)`` (optional) readies the kind's fast path on a host-memory device,
       given the device's resident copies (already private, read-only and 64-byte aligned by
       :func:`resident_copy`), for example by warming its compiled code; returns the arrays to keep
@@ -76,6 +82,7 @@ class KernelKind:
     prepare: Callable[[Any, Arrays], tuple[dict[str, np.ndarray], float]] | None = None
     run_checked: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]] | None = None
     bind_rows: Callable[..., Callable[[np.ndarray], np.ndarray]] | None = None  # (spec, tensors, *, fp32)
+    spec_schema: Mapping[str, Any] | None = None
 
 
 @dataclass
