@@ -10,10 +10,15 @@ other field (sorted keys, no spaces, ASCII escapes), so re-indenting the file ke
 any value (a dtype's byte order, a shape, a spec) breaks it. It tells an intact bundle from an
 edited one; it is no signature: whoever can edit the manifest can recompute it (see SECURITY.md).
 
+Each kernel's ``spec`` is then checked against its kind's own schema (``KernelKind.spec_schema``,
+:func:`check_spec`), and a bundle's ``signature.json`` against :data:`SIGNATURE_SCHEMA`
+(:func:`check_signature`; what it signs: ``offload.host.signing``).
+
 Example::
 
     m = parse(data, "bundle m.offload")     # dict, or BundleError
     check(m, "bundle m.offload")            # format, version, schema, digest
+    check_spec(m["kernels"][0]["spec"], get_kind("embedding").spec_schema, "bundle m.offload", 0)
 """
 
 from __future__ import annotations
@@ -37,8 +42,13 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_JSON_DEPTH",
     "SCHEMA",
+    "SIGNATURE_FILE",
+    "MAX_SIGNATURE_BYTES",
+    "SIGNATURE_SCHEMA",
     "parse",
     "check",
+    "check_spec",
+    "check_signature",
     "digest",
     "seal",
 ]
@@ -135,6 +145,26 @@ SCHEMA: dict[str, Any] = {
     },
 }
 
+# The detached signature (offload.host.signing) is the one file besides the manifest, the tensors
+# and the xclbin that a bundle may hold. It is a few hundred bytes.
+SIGNATURE_FILE = "signature.json"
+MAX_SIGNATURE_BYTES = 4096
+SIGNATURE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["format", "version", "algorithm", "manifest_sha256", "public_key_sha256", "signature"],
+    "properties": {
+        "format": {"const": "offload-bundle-signature"},
+        "version": {"const": 1},
+        "algorithm": {"const": "ed25519"},
+        "manifest_sha256": _SHA256,
+        "public_key_sha256": _SHA256,
+        # base64 of Ed25519's 64 bytes: 88 characters, the last two "=" padding.
+        "signature": {"type": "string", "pattern": r"^[A-Za-z0-9+/]{86}==\Z"},
+    },
+}
+
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # unrolled: linear, no backtracking blow-up
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP = np.zeros(256, dtype=np.int8)
@@ -187,13 +217,48 @@ def parse(data: bytes, where: str) -> Any:
         raise BundleError(f"{where}: manifest.json is not valid JSON: {e}") from None
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _int64_items(validator, value, instance, schema):
+    """``"int64Items": true``: every item a JSON integer within int64, in one pass (an MLP's
+    constants run to millions of items; jsonschema's per-item ``items`` costs ~16 us each)."""
+    from jsonschema.exceptions import ValidationError
+
+    if value and validator.is_type(instance, "array"):
+        lo, hi = _INT64
+        for i, x in enumerate(instance):
+            if type(x) is not int or not lo <= x <= hi:
+                yield ValidationError(f"{_short(repr(x), 40)} is not an int64 integer", path=(i,))
+                return
+
+
 @cache
-def _validator():
+def _strict_validator_class():
     from jsonschema import Draft202012Validator, validators
 
     # JSON Schema's "integer" admits 2.0 and 1e30; a shape, nbytes or version must be a JSON integer.
     strict = Draft202012Validator.TYPE_CHECKER.redefine("integer", lambda _c, x: isinstance(x, int) and not isinstance(x, bool))
-    return validators.extend(Draft202012Validator, type_checker=strict)(SCHEMA)
+    return validators.extend(Draft202012Validator, {"int64Items": _int64_items}, type_checker=strict)
+
+
+_VALIDATORS: dict[int, tuple[Mapping[str, Any], Any]] = {}
+
+
+def _validator(schema: Mapping[str, Any] = SCHEMA):
+    """The strict validator of ``schema``, built once per schema object (kinds' schemas are module constants)."""
+    hit = _VALIDATORS.get(id(schema))
+    if hit is None or hit[0] is not schema:
+        hit = _VALIDATORS[id(schema)] = (schema, _strict_validator_class()(schema))
+    return hit[1]
+
+
+def _refuse_invalid(doc: Any, schema: Mapping[str, Any], where: str, label: str, prefix: list) -> None:
+    from jsonschema.exceptions import best_match
+
+    err = best_match(_validator(schema).iter_errors(doc))
+    if err is not None:
+        raise BundleError(f"{where}: {label} {field_path([*prefix, *err.absolute_path])}: {_short(err.message)}")
 
 
 def field_path(parts) -> str:
@@ -217,11 +282,7 @@ def check(m: Any, where: str) -> str | None:
     ver = m.get("version")
     if type(ver) is not int or not 1 <= ver <= VERSION:
         raise BundleError(f"{where}: version: format version {ver!r} is not supported (this offload reads versions 1..{VERSION}; upgrade offload)")
-    from jsonschema.exceptions import best_match
-
-    err = best_match(_validator().iter_errors(m))
-    if err is not None:
-        raise BundleError(f"{where}: manifest field {field_path(err.absolute_path)}: {_short(err.message)}")
+    _refuse_invalid(m, SCHEMA, where, "manifest field", [])
     recorded = m.get(DIGEST_FIELD)
     if recorded is None:
         if ver >= 2:
@@ -231,6 +292,17 @@ def check(m: Any, where: str) -> str | None:
     if actual != recorded:
         raise BundleError(f"{where}: {DIGEST_FIELD}: manifest.json was edited after it was saved (its digest is {actual}, it records {recorded})")
     return actual
+
+
+def check_spec(spec: Any, schema: Mapping[str, Any], where: str, ki: int) -> None:
+    """Refuse kernel ``ki``'s spec unless it matches its kind's ``schema``, naming the field
+    (``kernels[0].spec.tables[0].dim``)."""
+    _refuse_invalid(spec, schema, where, "manifest field", ["kernels", ki, "spec"])
+
+
+def check_signature(doc: Any, where: str) -> None:
+    """Refuse a ``signature.json`` document off :data:`SIGNATURE_SCHEMA`, naming the field."""
+    _refuse_invalid(doc, SIGNATURE_SCHEMA, where, f"{SIGNATURE_FILE} field", [])
 
 
 def digest(m: Mapping[str, Any]) -> str:

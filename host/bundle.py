@@ -8,22 +8,30 @@ Layout of a bundle directory::
                            the digest of everything else (see ``offload.host._manifest``)
     tensors/*.bin          raw little-endian array bytes, C order (no pickle, no code)
     offload.xclbin         optional, recorded by ``offload build --vitis``
+    signature.json         optional, an Ed25519 signature of the manifest digest (:func:`sign`,
+                           ``offload.host.signing``)
 
 A bundle is hostile input until checked. Loading refuses, with a :class:`BundleError` naming the
-field or file: a manifest over its size or depth limit or off its schema; an edited manifest (its
-digest); a symbolic link or anything but a regular file inside the folder; a tensor whose declared
-shape x dtype is not its nbytes, its file size or the shape its kernel's spec needs (all before a
-byte of it is read); a missing, truncated or altered file (sha256); and tensors the kernel's kind
-refuses (``check_tensors``, the check a device runs at load). Tensors of 16 MiB or more are
-memory-mapped read-only rather than read whole. Version 1 bundles (written before the digest) still
-load, with ``manifest_sha256 = None``. Torch is never imported: a bundle loads and runs on a
-machine without it.
+field or file: a manifest over its size or depth limit or off its schema; a kernel spec off its
+kind's schema (``KernelKind.spec_schema``: every field typed and ranged); an edited manifest (its
+digest); a signature that is malformed or made for another manifest; a symbolic link or anything
+but a regular file inside the folder, and any file the manifest does not name; files declaring
+more than ``max_bundle_bytes`` in all; a tensor whose declared shape x dtype is not its nbytes, its
+file size or the shape its kernel's spec needs (all before a byte of it is read); a file with holes
+(sparse: its claimed bytes are not on disk); a missing, truncated or altered file (sha256); and
+tensors the kernel's kind refuses (``check_tensors``, the check a device runs at load). Tensors of
+16 MiB or more are memory-mapped read-only rather than read whole. Version 1 bundles (written
+before the digest) still load, with ``manifest_sha256 = None`` and an
+:class:`UnsealedBundleWarning`, unless ``require_sealed`` or ``trusted_keys`` is given. With
+``trusted_keys`` the bundle must carry a signature by one of them. Torch is never imported: a
+bundle loads and runs on a machine without it.
 
 Example::
 
     import offload
     offload.save([kernel_a, kernel_b], "model.offload", meta={"model": "ranker-v3"})
-    b = offload.load("model.offload")
+    offload.host.bundle.sign("model.offload", "release.pem")
+    b = offload.load("model.offload", trusted_keys=["release.pem.pub"])
     handles = open_device("emu").load_bundle(b)
 """
 
@@ -39,22 +47,47 @@ import shutil
 import stat
 import tempfile
 import uuid as _uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
-from offload.host import _manifest
-from offload.host._manifest import DTYPES, FORMAT, VERSION
+from offload.host import _manifest, signing
+from offload.host._manifest import DTYPES, FORMAT, SIGNATURE_FILE, VERSION
 from offload.kernels.registry import Kernel, get_kind
-from offload.sim.errors import BundleError  # noqa: F401  (re-exported: defined once in the hierarchy)
+from offload.sim.errors import BundleError, InputError  # noqa: F401  (BundleError re-exported: defined once in the hierarchy)
 
-__all__ = ["Bundle", "BundleError", "KernelSource", "save", "load", "record_xclbin", "xclbin_uuid", "FORMAT", "VERSION", "DTYPES", "MMAP_MIN_BYTES"]
+__all__ = [
+    "Bundle",
+    "BundleError",
+    "UnsealedBundleWarning",
+    "KernelSource",
+    "save",
+    "load",
+    "sign",
+    "record_xclbin",
+    "xclbin_uuid",
+    "FORMAT",
+    "VERSION",
+    "DTYPES",
+    "MMAP_MIN_BYTES",
+    "MAX_BUNDLE_BYTES",
+    "SIGNATURE_FILE",
+]
 
 MANIFEST = "manifest.json"
 # Tensors this large are memory-mapped (read-only) instead of copied into memory at load.
 MMAP_MIN_BYTES = 16 << 20
+# load()'s default bound on the bytes a bundle's files may declare (tensors and xclbin together),
+# checked before any is opened: the largest card offload targets holds 64 GiB (the U250's DDR), and
+# hashing that much takes about a minute. Pass a larger max_bundle_bytes for bigger host-only models.
+MAX_BUNDLE_BYTES = 64 << 30
+
+
+class UnsealedBundleWarning(UserWarning):
+    """A version 1 bundle was loaded: its manifest has no digest, so an edit to it goes unnoticed."""
 _XCLBIN_NAME = "offload.xclbin"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -77,6 +110,10 @@ class Bundle:
     compute_units: dict[str, list[str]] = field(default_factory=dict)
     path: Path | None = None
     manifest_sha256: str | None = None  # the verified digest of a loaded manifest; None: version 1
+    # The sha256 of the Ed25519 key that signature.json names (None: unsigned), and whether load
+    # verified the signature with it (only when that key was among its trusted_keys).
+    signature_key: str | None = None
+    signature_verified: bool = False
 
     def offload_kernels(self) -> list[Kernel]:
         return list(self.kernels.values())
@@ -251,7 +288,31 @@ def record_xclbin(
     manifest = _manifest.parse((root / MANIFEST).read_bytes(), f"bundle {root}")
     manifest["xclbin"] = _xclbin_entry(root / _XCLBIN_NAME, uuid, target, platform, compute_units or {})
     _write_manifest(root, manifest)
+    # The manifest changed, so a signature of the old one no longer holds: sign the bundle again.
+    (root / SIGNATURE_FILE).unlink(missing_ok=True)
     return load(root)
+
+
+def sign(bundle_path: str | os.PathLike, key: str | os.PathLike | Any) -> Path:
+    """Sign the bundle's manifest digest with an Ed25519 private key (a PEM file or the key) and
+    write the detached ``signature.json`` into the bundle, replacing any earlier one. The bundle is
+    loaded and verified first and must be sealed (format version 2). Returns the signature's path.
+
+    Example::
+
+        sign("model.offload", "release.pem")
+        offload.load("model.offload", trusted_keys=["release.pem.pub"])
+    """
+    root = Path(bundle_path)
+    private = signing.load_private_key(key)
+    digest = load(root, require_sealed=True).manifest_sha256
+    assert digest is not None  # require_sealed
+    data = (json.dumps(signing.signature_document(digest, private), indent=2) + "\n").encode("ascii")
+    tmp = root / (SIGNATURE_FILE + ".tmp")
+    tmp.unlink(missing_ok=True)  # never write through a planted link
+    tmp.write_bytes(data)
+    os.replace(tmp, root / SIGNATURE_FILE)
+    return root / SIGNATURE_FILE
 
 
 # ------------------------------------------------------------------------------------------ load
@@ -303,6 +364,19 @@ def _open_inside(root_fd: int, rel: str, where: str, what: str) -> tuple[Any, in
     return os.fdopen(fd, "rb"), st.st_size
 
 
+def _first_hole(fd: int, size: int) -> int:
+    """Where the file's first hole starts (``size``: none), from ``lseek(SEEK_HOLE)``: one call,
+    before any byte is read. File systems without hole reporting answer ``size``."""
+    if size == 0 or not hasattr(os, "SEEK_HOLE"):
+        return size
+    try:
+        return os.lseek(fd, 0, os.SEEK_HOLE)
+    except OSError:  # EINVAL: this file system cannot tell
+        return size
+    finally:
+        os.lseek(fd, 0, os.SEEK_SET)
+
+
 def _hash_and_read(f: Any, nbytes: int, keep: bool) -> tuple[str, bytes | None]:
     h = hashlib.sha256()
     if keep:
@@ -323,6 +397,10 @@ def _checked_file(root_fd: int, entry: Mapping[str, Any], where: str, what: str,
     try:
         if size != nbytes:
             raise BundleError(f"{where}: {what} file {rel} has {size} bytes, the manifest records {nbytes} (truncated or replaced)")
+        hole = _first_hole(f.fileno(), size)
+        if hole < size:
+            raise BundleError(f"{where}: {what} file {rel} has a hole at byte {hole} of its {size}: a sparse file claims "
+                              "bytes that are not on disk; a bundle's files are written whole")
         digest, data = _hash_and_read(f, nbytes, keep)
         if digest != entry["sha256"] or (data is not None and len(data) != nbytes):
             raise BundleError(f"{where}: {what} file {rel} does not match its sha256 (altered or corrupt)")
@@ -364,21 +442,77 @@ def _declared(where: str, ki: int, kname: str, kind: Any, spec: Any, tensors: Ma
             raise BundleError(f"{where}: {_manifest.field_path(['kernels', ki, 'tensors', t, 'shape'])}: {te['shape']} contradicts kernel {kname!r}'s spec, which needs {want[t]}")
 
 
-def _read_manifest(root_fd: int, where: str) -> Any:
-    try:
-        os.stat(MANIFEST, dir_fd=root_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        raise BundleError(f"{where} is not an offload bundle: {MANIFEST} is missing") from None
-    f, size = _open_inside(root_fd, MANIFEST, where, "manifest")
+def _read_small(root_fd: int, rel: str, limit: int, where: str, what: str) -> bytes:
+    f, size = _open_inside(root_fd, rel, where, what)
     with f:
-        if size > _manifest.MAX_MANIFEST_BYTES:  # refused before reading it
-            raise BundleError(f"{where}: {MANIFEST} is {size} bytes, over the limit of {_manifest.MAX_MANIFEST_BYTES}")
-        data = f.read(_manifest.MAX_MANIFEST_BYTES + 1)
-    return _manifest.parse(data, where)
+        if size > limit:  # refused before reading it
+            raise BundleError(f"{where}: {rel} is {size} bytes, over the limit of {limit}")
+        return f.read(limit + 1)
 
 
-def load(path: str | os.PathLike) -> Bundle:
-    """Read and verify a bundle directory written by :func:`save` (see the module's docstring)."""
+def _exists(root_fd: int, rel: str) -> bool:
+    try:
+        os.stat(rel, dir_fd=root_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _read_manifest(root_fd: int, where: str) -> Any:
+    if not _exists(root_fd, MANIFEST):
+        raise BundleError(f"{where} is not an offload bundle: {MANIFEST} is missing")
+    return _manifest.parse(_read_small(root_fd, MANIFEST, _manifest.MAX_MANIFEST_BYTES, where, "manifest"), where)
+
+
+def _read_signature(root_fd: int, where: str, digest: str | None) -> dict[str, Any] | None:
+    """The bundle's signature document (``None``: unsigned), checked for form and for being made
+    for this manifest; whether it verifies is ``signing.verify``'s question, asked with keys."""
+    if not _exists(root_fd, SIGNATURE_FILE):
+        return None
+    doc = _manifest.parse(_read_small(root_fd, SIGNATURE_FILE, _manifest.MAX_SIGNATURE_BYTES, where, "signature"), where)
+    _manifest.check_signature(doc, where)
+    if doc["manifest_sha256"] != digest:
+        raise BundleError(f"{where}: {SIGNATURE_FILE}: it signs manifest digest {doc['manifest_sha256']}, this manifest's is {digest} "
+                          "(the manifest was changed after signing, or the bundle was re-saved: sign it again)")
+    return doc
+
+
+def _only_named_files(root_fd: int, where: str, named: set[str]) -> None:
+    """Refuse any entry of the bundle folder, or of its ``tensors/``, that is not in ``named``."""
+    top = {n for n in named if "/" not in n} | {"tensors"}
+    tensors = {n[len("tensors/"):] for n in named if n.startswith("tensors/")}
+    with os.scandir(root_fd) as it:
+        extra = next((e.name for e in it if e.name not in top), None)
+    if extra is None and _exists(root_fd, "tensors"):
+        tfd = _open_step(root_fd, "tensors", _NOFOLLOW | os.O_DIRECTORY, "tensors", "tensors", where, "tensors")
+        try:
+            with os.scandir(tfd) as it:
+                extra = next(("tensors/" + e.name for e in it if e.name not in tensors), None)
+        finally:
+            os.close(tfd)
+    if extra is not None:
+        raise BundleError(f"{where}: {extra}: not part of the bundle (its manifest does not name it); "
+                          "a bundle holds only the files its manifest lists")
+
+
+def load(path: str | os.PathLike, *, require_sealed: bool = False, trusted_keys: Iterable[Any] | None = None,
+         max_bundle_bytes: int = MAX_BUNDLE_BYTES) -> Bundle:
+    """Read and verify a bundle directory written by :func:`save` (see the module's docstring).
+
+    ``require_sealed``: refuse a version 1 bundle (no manifest digest) instead of warning.
+    ``trusted_keys``: Ed25519 public keys (PEM file paths or key objects); the bundle must be sealed
+    and carry a signature (``signature.json``, see :func:`sign`) by one of them.
+    ``max_bundle_bytes``: the most bytes its tensor and xclbin files may declare in all
+    (:data:`MAX_BUNDLE_BYTES` by default), checked before any of them is opened.
+
+    Example::
+
+        b = load("model.offload", trusted_keys=["release.pem.pub"])
+        b.signature_verified, b.signature_key        # True, the signing key's sha256
+    """
+    keys = None if trusted_keys is None else [signing.load_public_key(k) for k in trusted_keys]
+    if keys is not None and not keys:
+        raise InputError("trusted_keys: empty; pass None to load without a signature check")
     root, where = Path(path), f"bundle {path}"
     try:
         # The folder itself may be reached through a link (deployments swap one to switch
@@ -391,16 +525,27 @@ def load(path: str | os.PathLike) -> Bundle:
     except OSError as e:
         raise BundleError(f"{root}: cannot open the bundle folder: {e.strerror}") from None
     try:
-        return _load(root, root_fd, where)
+        return _load(root, root_fd, where, require_sealed or keys is not None, keys, max_bundle_bytes)
     finally:
         os.close(root_fd)
 
 
-def _load(root: Path, root_fd: int, where: str) -> Bundle:
+def _load(root: Path, root_fd: int, where: str, require_sealed: bool, keys: list | None, max_bundle_bytes: int) -> Bundle:
     manifest = _read_manifest(root_fd, where)
     sealed = _manifest.check(manifest, where)
+    if sealed is None:
+        if require_sealed:
+            raise BundleError(f"{where}: {_manifest.DIGEST_FIELD}: the bundle is not sealed (format version 1, no manifest digest) "
+                              "and a sealed bundle is required; re-save it to seal it: offload.save(offload.load(path), path)")
+        warnings.warn(f"{where}: not sealed (format version 1, no manifest digest): an edit to its manifest goes unnoticed; "
+                      "re-save it to seal it, or load with require_sealed=True to refuse such bundles", UnsealedBundleWarning, stacklevel=3)
+    signature = _read_signature(root_fd, where, sealed)
+    # Before any tensor is read: a bundle without a trusted signature costs nothing to refuse.
+    signer = None if keys is None else signing.verify(signature, sealed or "", keys, where)
+
     names: set[str] = set()
     files: set[str] = set()
+    declared = 0
     for ki, ke in enumerate(manifest["kernels"]):
         if ke["name"] in names:
             raise BundleError(f"{where}: kernels[{ki}].name: two kernels are named {ke['name']!r}")
@@ -409,6 +554,13 @@ def _load(root: Path, root_fd: int, where: str) -> Bundle:
             if te["file"] in files:  # one file read as two tensors would alias them
                 raise BundleError(f"{where}: {_manifest.field_path(['kernels', ki, 'tensors', t, 'file'])}: {te['file']} is named by another tensor too")
             files.add(te["file"])
+            declared += te["nbytes"]
+    xe = manifest["xclbin"]
+    if xe is not None:
+        declared += xe["nbytes"]
+    if declared > max_bundle_bytes:
+        raise BundleError(f"{where}: its files declare {declared} bytes in all, over max_bundle_bytes={max_bundle_bytes}; "
+                          "load it with a larger max_bundle_bytes if that size is expected")
 
     # Every declaration is checked against its spec before any tensor's bytes are read.
     plan = []
@@ -418,12 +570,16 @@ def _load(root: Path, root_fd: int, where: str) -> Bundle:
             kind = get_kind(kind_name)
         except KeyError as e:
             raise BundleError(f"{where}: kernels[{ki}].kind: kernel {kname!r} has unknown kind {kind_name!r} ({e.args[0]})") from None
+        if kind.spec_schema is not None:
+            _manifest.check_spec(ke["spec"], kind.spec_schema, where, ki)
         try:
             spec = kind.spec_from_json(ke["spec"])
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as e:  # what parsing a hostile dict raises
             raise BundleError(f"{where}: kernels[{ki}].spec: kernel {kname!r}: invalid {kind_name} spec: {e}") from None
         _declared(where, ki, kname, kind, spec, ke["tensors"])
         plan.append((ki, kname, kind, spec, ke["tensors"]))
+    named = files | {MANIFEST} | ({xe["file"]} if xe is not None else set()) | ({SIGNATURE_FILE} if signature is not None else set())
+    _only_named_files(root_fd, where, named)
 
     kernels: dict[str, Kernel] = {}
     for ki, kname, kind, spec, entries in plan:
@@ -436,8 +592,8 @@ def _load(root: Path, root_fd: int, where: str) -> Bundle:
                 raise BundleError(f"{where}: kernels[{ki}].tensors: kernel {kname!r}: {e}") from None
         kernels[kname] = Kernel(kname, spec, tensors)
 
-    b = Bundle(manifest["name"] or root.name, kernels, manifest["meta"], path=root, manifest_sha256=sealed)
-    xe = manifest["xclbin"]
+    b = Bundle(manifest["name"] or root.name, kernels, manifest["meta"], path=root, manifest_sha256=sealed,
+               signature_key=None if signature is None else signature["public_key_sha256"], signature_verified=signer is not None)
     if xe is not None:
         f, _ = _checked_file(root_fd, xe, where, "xclbin", keep=False)
         f.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,12 @@ def _printable(text: object) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
-def _load_bundle(path: str):
+def load_bundle(path: str, **checks: Any):
+    """``offload.host.bundle.load(path, **checks)`` for a command: a refusal is one line, escaped."""
     from offload.host.bundle import BundleError, load
 
     try:
-        return load(path)
+        return load(path, **checks)
     except BundleError as e:
         raise click.ClickException(_printable(e)) from None
 
@@ -67,7 +69,7 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
     from offload.hls.vitis import missing_tools
 
     con = _console()
-    b = _load_bundle(bundle)
+    b = load_bundle(bundle)
     project = hb.write_project(b, target, out, platform=platform, compute_units=cus)
     con.print(f"[bold]Vitis project[/] for [cyan]{escape(_printable(b.name))}[/] on {project.card.name} ({project.platform}): {escape(str(project.root))}", soft_wrap=True)
 
@@ -172,15 +174,23 @@ def _size(n: int) -> str:
 @click.command("info")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables.")
-def info_cmd(bundle: str, as_json: bool) -> None:
-    """What BUNDLE holds: kernels (kind, formats, tensors, sizes), xclbin and target card.
+@click.option("--require-sealed", is_flag=True, help="Refuse a bundle without a manifest digest (format version 1).")
+@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Require a signature by this Ed25519 public key (PEM); repeat for several.")
+def info_cmd(bundle: str, as_json: bool, require_sealed: bool, trusted_keys: tuple[str, ...]) -> None:
+    """What BUNDLE holds: kernels (kind, formats, tensors, sizes), xclbin, target card, signature.
 
-    The bundle is loaded as a device would load it (sizes, checksums, the manifest's digest and
-    each kind's tensor checks), so a bundle that passes here is one a device accepts.
+    The bundle is loaded by the same function, with the same checks, as ``offload serve`` and a
+    device load use (schema, spec schemas, sizes, checksums, the manifest's digest, the
+    signature, each kind's tensor checks), so a bundle that passes here is one a device accepts.
     """
     from rich.table import Table
 
-    b = _load_bundle(bundle)
+    from offload.host.bundle import UnsealedBundleWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsealedBundleWarning)  # info says "not sealed" itself, below
+        b = load_bundle(bundle, require_sealed=require_sealed, trusted_keys=list(trusted_keys) or None)
     rows = []
     for name, k in b.kernels.items():
         spec = k.spec.to_json()
@@ -198,6 +208,7 @@ def info_cmd(bundle: str, as_json: bool) -> None:
         "name": b.name,
         "path": str(b.path),
         "manifest_sha256": b.manifest_sha256,
+        "signature": None if b.signature_key is None else {"key_sha256": b.signature_key, "verified": b.signature_verified},
         "meta": b.meta,
         "kernels": rows,
         "xclbin": None if b.xclbin is None else {"file": str(b.xclbin), "uuid": b.xclbin_uuid, "target": b.target, "platform": b.platform, "compute_units": b.compute_units},
@@ -213,6 +224,12 @@ def info_cmd(bundle: str, as_json: bool) -> None:
         con.print(f"manifest: intact (sha256 {b.manifest_sha256})", markup=False, soft_wrap=True)
     else:
         con.print("manifest: not sealed (format version 1, written before manifest digests); re-save it to add one", markup=False, soft_wrap=True)
+    if b.signature_key is None:
+        con.print("signature: none (sign it with `offload sign BUNDLE --key KEY.pem`)", markup=False, soft_wrap=True)
+    elif b.signature_verified:
+        con.print(f"signature: verified, ed25519 key sha256 {b.signature_key}", markup=False, soft_wrap=True)
+    else:
+        con.print(f"signature: by ed25519 key sha256 {b.signature_key}, not verified (give --trusted-key)", markup=False, soft_wrap=True)
     if b.meta:
         con.print(_printable("meta: " + ", ".join(f"{k}={v}" for k, v in b.meta.items())), markup=False)
     t = Table(title="kernels")

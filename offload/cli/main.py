@@ -12,6 +12,7 @@ from offload.cli.build import build_cmd, devices_cmd, info_cmd
 from offload.cli.example import example_cmd
 from offload.cli.regress import regress
 from offload.cli.serve import serve_cmd
+from offload.cli.sign import sign_cmd, verify_cmd
 from offload.sim.errors import OffloadError
 
 
@@ -45,7 +46,7 @@ def demo() -> None:
     run_demo()
 
 
-for _cmd in (build_cmd, info_cmd, devices_cmd, regress, advise_cmd, serve_cmd, bench_cmd, example_cmd):
+for _cmd in (build_cmd, info_cmd, devices_cmd, regress, advise_cmd, serve_cmd, sign_cmd, verify_cmd, bench_cmd, example_cmd):
     main.add_command(_cmd)
 
 

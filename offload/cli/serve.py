@@ -27,11 +27,14 @@ __all__ = ["serve_cmd"]
 @click.option("--body-timeout-s", default=30.0, show_default=True, type=float, help="A request body not received by then closes the connection.")
 @click.option("--max-connections", default=None, type=int, help="Open connections before the longest-idle is closed for a new one [default: open-file limit - 64].")
 @click.option("--drain-timeout-s", default=30.0, show_default=True, type=float, help="On SIGTERM, how long requests already read may take to be answered.")
+@click.option("--require-sealed", is_flag=True, help="Refuse a bundle without a manifest digest (format version 1) instead of warning.")
+@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Serve only a bundle signed by this Ed25519 public key (PEM); repeat for several.")
 @click.option("--ray", "use_ray", is_flag=True, help="Deploy with Ray Serve instead (one replica per card).")
 @click.option("--replicas", default=1, show_default=True, type=int, help="Ray Serve replicas.")
 @click.option("--ray-resource", default="fpga", show_default=True, help="Ray custom resource that marks a host's cards.")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
-def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, device, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, device_timeout_ms, header_timeout_s, body_timeout_s, max_connections, drain_timeout_s, use_ray, replicas, ray_resource, log_level):
+def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, device, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, device_timeout_ms, header_timeout_s, body_timeout_s, max_connections, drain_timeout_s, require_sealed, trusted_keys, use_ray, replicas, ray_resource, log_level):
     """Serve BUNDLE over the Open Inference Protocol v2 (KServe/Triton HTTP/REST, and gRPC with --grpc-port)."""
     from offload.serve.config import ServeConfig
     from offload.serve.errors import ConfigError
@@ -57,12 +60,16 @@ def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, device, max_batch
     if use_ray:
         if grpc_port is not None:
             raise click.BadParameter("--grpc-port: not available with --ray (Ray Serve's proxy serves HTTP)")
+        if require_sealed or trusted_keys:
+            raise click.BadParameter("--require-sealed/--trusted-key: not available with --ray (each replica loads the bundle path itself)")
         from offload.serve.ray_serve import run_ray
 
         run_ray(str(Path(bundle).resolve()), cfg, replicas=replicas, resource=ray_resource, host=host, port=port)
         return
+    from offload.cli.build import load_bundle
     from offload.serve.server import serve
 
+    b = load_bundle(bundle, require_sealed=require_sealed, trusted_keys=list(trusted_keys) or None)
     grpc_note = f" and grpc://{host}:{grpc_port}" if grpc_port is not None else ""
     click.echo(f"offload serve: {bundle} on http://{host}:{port}{grpc_note} (device {device}, max batch {max_batch_size}, delay {max_queue_delay_us} us)", err=True)
-    serve(bundle, cfg, host=host, port=port, grpc_port=grpc_port, log_level=log_level)
+    serve(b, cfg, host=host, port=port, grpc_port=grpc_port, log_level=log_level)
