@@ -108,8 +108,9 @@ class DynamicBatcher:
         self._queue.append(p)
         self._wakeup.set()
         try:
-            return await asyncio.wait_for(p.future, timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):  # one timer handle; wait_for wraps the wait in more
+                return await p.future
+        except TimeoutError:
             raise RequestTimeout(f"no answer within {timeout * 1e3:.0f} ms") from None
         finally:
             if not p.future.done() or p.future.cancelled():  # timed out or cancelled: it leaves the queue

@@ -134,12 +134,12 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if cl is not None and cl.isdigit() and int(cl) > limit:
         raise BodyTooLarge(f"request body of {cl} bytes exceeds the limit of {limit} bytes")
     chunks, n = [], 0
-    async for chunk in request.stream():
+    async for chunk in request.stream():  # a body without a length (chunked) is capped as it comes
         n += len(chunk)
         if n > limit:
             raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class _Responses:
