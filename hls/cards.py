@@ -58,11 +58,11 @@ KERNEL_LAUNCH_REPORTED_S = (16e-6, 100e-6)
 # host memory; the host spins on that word. No xrt::run, no buffer sync.
 # Host -> card -> host round trip of a small request: Coyote's perf_local example (the card reads
 # a buffer from host memory and writes it back; software polls for completion), HOST data stream,
-# 50 runs each, in fpgasystems/Coyote issue #161: 3.01/3.03/3.07 us at 64/128/256 B
-# (`bin/test -s 1 -h 1 -m 0`) and 3.56/3.81/3.10 us (`-m 1`); other runs in the same thread read
-# 2.36-2.63 us. We take the largest reading, 3.81 us. It is a measurement of Coyote's shell, not
+# 50 runs each, in fpgasystems/Coyote issue #161: 3.00698/3.02904/3.06628 us at 64/128/256 B
+# (`bin/test -s 1 -h 1 -m 0`) and 3.56208/3.80692/3.10088 us (`-m 1`); other runs in the same
+# thread read 2.36-2.63 us. We take the largest reading. It is a measurement of Coyote's shell, not
 # of an XRT platform: an assumption for XRT's host-memory path until measured on a card.
-HOST_CARD_ROUND_TRIP_S = 3.81e-6
+HOST_CARD_ROUND_TRIP_S = 3.80692e-6
 # Poll interval of the kernel loop: how long a request written to its slot waits until the kernel
 # reads it. Our assumption, not a measurement: the loop re-reads the slot's sequence word back to
 # back, one small host-memory read per poll, and such a read takes at most the round trip above;
