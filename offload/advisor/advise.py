@@ -2,15 +2,17 @@
 
 For every offload candidate (found as ``offload.offload`` finds them) and every batch size: the
 measured latency on the candidate's current device (torch, median of repeats, inputs resampled from
-what the candidate saw on ``example_inputs``), the predicted card latency (PCIe transfers + XRT
-launch + an analytical kernel model, :mod:`offload.advisor.model`) and the predicted resources
-against the card's budget (:mod:`offload.hls.cards`, datasheet numbers). Verdict: ``offload`` when it
-fits and the card is faster, else ``keep``, with the numbers.
+what the candidate saw on ``example_inputs``), the predicted card latency in both launch modes
+(``per_call``: buffer syncs + one ``xrt::run``; ``persistent``: a kernel already running that serves
+request slots in host memory, MODELLED, not measured on a card; :mod:`offload.advisor.model`) and
+the predicted resources against the card's budget (:mod:`offload.hls.cards`, datasheet numbers).
+Verdict: ``offload`` when it fits and the card is faster in the chosen launch mode (``launch="auto"``:
+the faster mode at each batch size), else ``keep``, with the numbers.
 
 Example::
 
-    adv = offload.advise(model, (idx, off, dense), batch_sizes=(1, 64, 4096), card="u55c")
-    print(adv)                               # table: host vs card latency, resources, verdict
+    adv = offload.advise(model, (idx, off, dense), batch_sizes=(1, 64, 4096), card="u55c", launch="auto")
+    print(adv)                               # table: host vs card latency in both modes, resources, verdict
     adv.verdict("emb_user", 4096)            # "offload" / "keep"
 """
 
@@ -27,19 +29,22 @@ import torch.fx as fx
 import torch.nn as nn
 from rich.table import Table
 
-from offload.advisor.model import Prediction, predict_lookup, predict_mlp
-from offload.hls.cards import Card, get_card
+from offload.advisor.model import LAUNCHES, Prediction, check_launch, predict_lookup, predict_mlp
+from offload.hls.cards import (HOST_CARD_ROUND_TRIP_S, KERNEL_LAUNCH_REPORTED_S, KERNEL_LAUNCH_S, PCIE_TRANSFER_LATENCY_S,
+                               PERSISTENT_POLL_INTERVAL_S, Card, get_card)
 from offload.partition.find import EMB_BAG_PARAMS, OPS, Candidate, find_candidates, trace
 from offload.render import RichReport
 
 __all__ = ["advise", "Advice", "Estimate"]
 
 _RES_KEYS = ("DSP", "BRAM36", "URAM", "LUT", "HBM_bytes")
+AUTO = "auto"  # launch: the faster of LAUNCHES at each batch size
 
 
 @dataclass
 class Estimate:
-    """One candidate at one batch size."""
+    """One candidate at one batch size; the card parts are those of ``launch``, and ``modes`` holds
+    every launch mode's parts (``transfer_s``, ``launch_s``, ``kernel_s``, ``card_s``)."""
 
     name: str
     kind: str
@@ -54,6 +59,8 @@ class Estimate:
     fits: bool
     verdict: str
     why: str
+    launch: str = "per_call"
+    modes: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def card_s(self) -> float:
@@ -73,6 +80,7 @@ class Advice(RichReport):
     batch_sizes: tuple[int, ...]
     rows: list[Estimate] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    launch: str = "per_call"  # as asked: a key of LAUNCHES or "auto"
 
     def verdict(self, name: str, batch: int) -> str:
         for r in self.rows:
@@ -81,25 +89,31 @@ class Advice(RichReport):
         raise KeyError(f"no estimate for {name!r} at batch {batch}; names: {sorted({r.name for r in self.rows})}")
 
     def to_dict(self) -> dict:
-        return {"card": _card_budget(self.card), "batch_sizes": list(self.batch_sizes), "notes": list(self.notes),
+        return {"card": _card_budget(self.card), "batch_sizes": list(self.batch_sizes), "launch": self.launch, "notes": list(self.notes),
                 "rows": [dict(asdict(r), card_s=r.card_s, speedup=r.speedup) for r in self.rows]}
 
     def table(self) -> Table:
         c = self.card
         t = Table(title=f"offload advise: card {c.name} ({c.datasheet}: {c.dsp} DSP, {c.bram36} BRAM36, {c.uram} URAM, "
-                        f"{c.lut // 1000}K LUT, {c.memory_bytes / 2**30:.0f} GiB)")
-        for col in ("candidate", "shape", "batch", "host", "card = xfer+launch+kernel", "DSP", "BRAM36", "URAM", "LUT", "HBM/DDR", "verdict"):
+                        f"{c.lut // 1000}K LUT, {c.memory_bytes / 2**30:.0f} GiB), launch {self.launch}; "
+                        "persistent figures are MODELLED, not measured on a card")
+        for col in ("candidate", "shape", "batch", "host", *_MODE_COLUMNS.values(), "DSP", "BRAM36", "URAM", "LUT", "HBM/DDR", "verdict"):
             t.add_column(col, overflow="fold")
         for r in self.rows:
             res = r.resources
-            t.add_row(r.name, r.shape, str(r.batch), f"{_us(r.host_s)} ({r.host_device})",
-                      f"{_us(r.card_s)} = {_us(r.transfer_s)}+{_us(r.launch_s)}+{_us(r.kernel_s)}",
+            parts = [f"{_us(m['card_s'])} = {_us(m['transfer_s'])}+{_us(m['launch_s'])}+{_us(m['kernel_s'])}" for m in
+                     (r.modes[mode] for mode in _MODE_COLUMNS)]
+            t.add_row(r.name, r.shape, str(r.batch), f"{_us(r.host_s)} ({r.host_device})", *parts,
                       f"{res['DSP']:.0f}", f"{res['BRAM36']:.0f}", f"{res['URAM']:.0f}", f"{res['LUT']:.0f}", f"{res['HBM_bytes'] / 2**20:.1f} MiB",
                       f"{r.verdict}: {r.why}")
         return t
 
     def renderables(self) -> list:
         return [self.table(), *(f"note: {n}" for n in self.notes)]
+
+
+# One column a launch mode, with what its three parts are.
+_MODE_COLUMNS = {"per_call": "card per-call = xfer+launch+kernel", "persistent": "card persistent (MODELLED) = xfer+poll+kernel"}
 
 
 def _card_budget(c: Card) -> dict:
@@ -112,6 +126,8 @@ def _card_budget(c: Card) -> dict:
 
 
 def _us(s: float) -> str:
+    if s < 1e-5:  # persistent calls and kernel times are a few microseconds or less
+        return f"{s * 1e6:.2g} us" if s < 1e-7 else f"{s * 1e6:.1f} us"
     return f"{s * 1e6:.0f} us" if s < 1e-2 else f"{s * 1e3:.1f} ms"
 
 
@@ -207,29 +223,32 @@ def _row_bytes(dim: int, fmt: str) -> int:
 
 
 def _estimate(c: Candidate, args: tuple, kwargs: dict, batch: int, setup: _Setup, gen: torch.Generator,
-              rtl: Any = None) -> tuple[float, Prediction, str]:
-    """One candidate at one batch size: (measured host seconds, card prediction, host device)."""
+              rtl: Any = None) -> tuple[float, dict[str, Prediction], str]:
+    """One candidate at one batch size: (measured host seconds, card prediction per launch mode, host device)."""
     m = c.module
     card = setup.card
     dev = _device_of(m) if not c.functional else m.weight.device
     if c.kind == "embedding_bag":
         call, lookups, _ = _bag_inputs(c, args, kwargs, batch, gen)
         dim = m.embedding_dim
-        pred = predict_lookup(card, [lookups], [_row_bytes(dim, setup.fmt)], batch, dims=[dim], rows_per_table=[m.num_embeddings])
+        pred = {mode: predict_lookup(card, [lookups], [_row_bytes(dim, setup.fmt)], batch, dims=[dim], rows_per_table=[m.num_embeddings],
+                                     launch=mode) for mode in LAUNCHES}
     elif c.kind == "embedding":
         x = _rows(args[0], batch, gen)
         call = lambda: m(x)  # noqa: E731
         dim = m.embedding_dim
-        pred = predict_lookup(card, [x.numel()], [_row_bytes(dim, setup.fmt)], x.numel(), dims=[dim], rows_per_table=[m.num_embeddings])
+        pred = {mode: predict_lookup(card, [x.numel()], [_row_bytes(dim, setup.fmt)], x.numel(), dims=[dim], rows_per_table=[m.num_embeddings],
+                                     launch=mode) for mode in LAUNCHES}
     else:
         x = _rows(args[0], batch, gen)
         call = lambda: m(x)  # noqa: E731
         lin = [l for l in m if isinstance(l, nn.Linear)]
         sizes = [lin[0].in_features] + [l.out_features for l in lin]
         if rtl is not None:  # measured: Verilator cycles and Yosys counts of MLP.to_rtl
-            pred = predict_mlp(card, sizes, batch, rtl_cycles=rtl.latency_cycles, rtl_resources=rtl.resources)
+            pred = {mode: predict_mlp(card, sizes, batch, rtl_cycles=rtl.latency_cycles, rtl_resources=rtl.resources, launch=mode)
+                    for mode in LAUNCHES}
         else:
-            pred = predict_mlp(card, sizes, batch, reuse_factor=setup.reuse_factor)
+            pred = {mode: predict_mlp(card, sizes, batch, reuse_factor=setup.reuse_factor, launch=mode) for mode in LAUNCHES}
     host = _median_time(call, dev, setup.repeats, setup.budget_s)
     return host, pred, str(dev)
 
@@ -243,28 +262,57 @@ def _fits(card: Card, res: dict[str, float]) -> tuple[bool, str]:
     return not over, "; ".join(over)
 
 
-def _row(name: str, kind: str, shape: str, batch: int, dev: str, host: float, pred: Prediction, card: Card) -> Estimate:
-    """The estimate and its verdict: ``offload`` when it fits and the card is faster, else ``keep``."""
+def _pick(preds: Mapping[str, Prediction], launch: str) -> str:
+    """The launch mode a row's verdict uses: the one asked for, or under ``auto`` the faster one
+    (the first of :data:`LAUNCHES` on a tie)."""
+    return min(preds, key=lambda mode: preds[mode].total_s) if launch == AUTO else launch
+
+
+def _row(name: str, kind: str, shape: str, batch: int, dev: str, host: float, preds: Mapping[str, Prediction], card: Card,
+         launch: str) -> Estimate:
+    """The estimate and its verdict: ``offload`` when it fits and the card is faster in the chosen
+    launch mode, else ``keep``."""
+    mode = _pick(preds, launch)
+    pred = preds[mode]
     ok, over = _fits(card, pred.resources)
     card_s = pred.total_s
+    tag = "modelled " if mode == "persistent" else ""
     if not ok:
         verdict, why = "keep", f"does not fit {card.name}: {over}"
     elif card_s < host:
-        verdict, why = "offload", f"card {_us(card_s)} < host {_us(host)} ({host / card_s:.1f}x)"
+        verdict, why = "offload", f"{mode}: {tag}card {_us(card_s)} < host {_us(host)} ({host / card_s:.1f}x)"
     else:
-        verdict, why = "keep", f"host {_us(host)} <= card {_us(card_s)} ({card_s / host:.1f}x slower on the card)"
+        verdict, why = "keep", f"{mode}: host {_us(host)} <= {tag}card {_us(card_s)} ({card_s / host:.1f}x slower on the card)"
+    modes = {m: {"transfer_s": p.transfer_s, "launch_s": p.launch_s, "kernel_s": p.kernel_s, "card_s": p.total_s} for m, p in preds.items()}
     return Estimate(name, kind, shape, batch, dev, host, pred.transfer_s, pred.launch_s, pred.kernel_s,
-                    {k: float(pred.resources.get(k, 0)) for k in _RES_KEYS}, ok, verdict, why)
+                    {k: float(pred.resources.get(k, 0)) for k in _RES_KEYS}, ok, verdict, why, mode, modes)
 
 
-def _check_arguments(card: str | Card, batch_sizes: Sequence[int], fmt: str) -> tuple[Card, tuple[int, ...]]:
-    """The card, the batch sizes as positive ints, and a table format the model knows (else ValueError)."""
+def _check_arguments(card: str | Card, batch_sizes: Sequence[int], fmt: str, launch: object) -> tuple[Card, tuple[int, ...]]:
+    """The card, the batch sizes as positive ints, a table format the model knows (else ValueError)
+    and a launch mode (else InputError / InputTypeError naming ``launch``)."""
+    check_launch(launch, extra=(AUTO,))
     cardv = get_card(card)
     sizes = tuple(int(b) for b in batch_sizes)
     if not sizes or any(b < 1 for b in sizes):
         raise ValueError(f"batch_sizes: expected positive integers, got {list(batch_sizes)}")
     _fmt_bits(fmt)
     return cardv, sizes
+
+
+def _launch_notes(launch: str) -> list[str]:
+    """What each launch mode's parts are, where their constants come from, and which one the verdicts use."""
+    lo, hi = KERNEL_LAUNCH_REPORTED_S
+    use = "the faster mode at each batch size" if launch == AUTO else f"{launch} only"
+    return [
+        f"per-call: each buffer synced ({_us(PCIE_TRANSFER_LATENCY_S)} each, assumed) plus bytes over PCIe, and one xrt::run "
+        f"({_us(KERNEL_LAUNCH_S)}; users report {lo * 1e6:.0f}-{hi * 1e6:.0f} us: Xilinx/XRT issues #6601, #8687): the host path offload runs today",
+        f"persistent figures are MODELLED, not measured on a card: the kernel is started once and serves request slots in "
+        f"host memory; xfer = one host-card round trip ({_us(HOST_CARD_ROUND_TRIP_S)}, measured on Coyote's shell, "
+        f"fpgasystems/Coyote issue #161) plus bytes over PCIe, poll = the kernel loop's poll interval "
+        f"({_us(PERSISTENT_POLL_INTERVAL_S)}, an assumption)",
+        f"verdicts use {use} (launch={launch!r})",
+    ]
 
 
 def _record_inputs(gm: fx.GraphModule, cands: list[Candidate], args: tuple) -> dict[str, tuple[tuple, dict]]:
@@ -304,7 +352,7 @@ def _batched_groups(cands: list[Candidate], inputs: Mapping[str, Any]) -> dict[t
 
 
 def _estimates_at(batch: int, cands: list[Candidate], inputs: Mapping[str, tuple[tuple, dict]], groups: dict[tuple, list[Candidate]],
-                  setup: _Setup, gen: torch.Generator, rtl: Mapping[str, Any]) -> list[Estimate]:
+                  setup: _Setup, gen: torch.Generator, rtl: Mapping[str, Any], launch: str) -> list[Estimate]:
     """Every reached candidate at one batch size, then one row per batched group: one launch, tables
     in parallel channels on the card, while the host runs them one after the other."""
     rows = []
@@ -313,8 +361,8 @@ def _estimates_at(batch: int, cands: list[Candidate], inputs: Mapping[str, tuple
         if c.first.name not in inputs:
             continue
         a, kw = inputs[c.first.name]
-        host, pred, dev = _estimate(c, a, kw, batch, setup, gen, rtl.get(c.name))
-        rows.append(_row(c.name, c.kind, c.describe(), batch, dev, host, pred, setup.card))
+        host, preds, dev = _estimate(c, a, kw, batch, setup, gen, rtl.get(c.name))
+        rows.append(_row(c.name, c.kind, c.describe(), batch, dev, host, preds, setup.card, launch))
         key = (c.module.embedding_dim, c.bag_mode) if c.kind == "embedding_bag" else None
         if key in groups and c in groups[key]:
             g = acc[key]
@@ -324,10 +372,11 @@ def _estimates_at(batch: int, cands: list[Candidate], inputs: Mapping[str, tuple
             g["nrows"].append(c.module.num_embeddings)
     for (dim, mode), g in acc.items():
         n = len(groups[(dim, mode)])
-        pred = predict_lookup(setup.card, g["lookups"], g["rows"], batch, dims=[dim] * n, rows_per_table=g["nrows"])
+        preds = {lm: predict_lookup(setup.card, g["lookups"], g["rows"], batch, dims=[dim] * n, rows_per_table=g["nrows"], launch=lm)
+                 for lm in LAUNCHES}
         label = f"all {n} tables (batched)" if len(groups) == 1 else f"{n} tables dim {dim} {mode} (batched)"
         rows.append(_row(label, "embedding_bag", ", ".join(c.name for c in groups[(dim, mode)]), batch, "sum of above",
-                         g["host"], pred, setup.card))
+                         g["host"], preds, setup.card, launch))
     return rows
 
 
@@ -354,6 +403,7 @@ def advise(
     budget_s: float = 0.25,
     seed: int = 0,
     rtl: Mapping[str, Any] | None = None,
+    launch: str = "per_call",
 ) -> Advice:
     """Measure each candidate on its device and predict it on ``card`` at every batch size.
 
@@ -361,13 +411,17 @@ def advise(
     are resampled (with replacement) from what it receives on them. Returns an :class:`Advice`.
     ``rtl`` maps an MLP candidate's name to the ``summary()`` of its ``MLP.to_rtl`` result (after
     ``predict``/``resources()``): its measured cycles and Yosys counts replace the model's.
+    ``launch`` picks the launch mode the verdicts use: ``"per_call"`` (one ``xrt::run`` a call, the
+    host path that exists today), ``"persistent"`` (a running kernel polling request slots in host
+    memory: modelled, not measured) or ``"auto"`` (the faster at each batch size). Every row holds
+    both modes' figures either way.
 
     Example::
 
-        print(offload.advise(model, (idx, off, dense), batch_sizes=(1, 4096), card="u280"))
+        print(offload.advise(model, (idx, off, dense), batch_sizes=(1, 4096), card="u280", launch="auto"))
     """
-    cardv, sizes = _check_arguments(card, batch_sizes, fmt)
-    advice = Advice(cardv, sizes)
+    cardv, sizes = _check_arguments(card, batch_sizes, fmt, launch)
+    advice = Advice(cardv, sizes, launch=launch)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     try:
         gm = trace(model)
@@ -379,11 +433,12 @@ def advise(
     inputs = _record_inputs(gm, cands, args)
     rtl = dict(rtl or {})
     advice.notes.extend(_rtl_notes(cands, rtl))
+    advice.notes.extend(_launch_notes(launch))
     groups = _batched_groups(cands, inputs)
     setup = _Setup(cardv, fmt, reuse_factor, repeats, budget_s)
     gen = torch.Generator().manual_seed(seed)
     for b in sizes:
-        advice.rows.extend(_estimates_at(b, cands, inputs, groups, setup, gen, rtl))
+        advice.rows.extend(_estimates_at(b, cands, inputs, groups, setup, gen, rtl, launch))
     # Everything the advisor says to offload at the largest batch has to fit on the card together.
     note = _together_note(advice.rows, cardv, max(sizes))
     if note is not None:

@@ -1,6 +1,15 @@
 """Analytical latency and resource model of the offload kernels on an Alveo card (no torch).
 
-Card latency of one call = host->card transfers + kernel launch + kernel time + card->host transfer.
+Card latency of one call = transfers + launch + kernel time, in one of two launch modes
+(:data:`LAUNCHES`, constants and their sources in :mod:`offload.hls.cards`):
+
+- ``per_call``: every call syncs each buffer (a fixed cost each, plus bytes over PCIe) and starts
+  one ``xrt::run``. This is the host path that exists today.
+- ``persistent``: the kernel runs from load on and serves request slots in host memory; a call
+  costs one small host-card round trip plus bytes over PCIe ("transfer"), the kernel loop's poll
+  interval ("launch"), and the kernel. MODELLED, not measured on a card.
+
+Kernel time comes from the analytical model below or from the cycles an RTL simulation measured.
 
 - Embedding lookups (memory bound): each table sits in its own HBM pseudo channel / DDR channel
   (tables are spread round-robin when there are more tables than channels). One AXI master per
@@ -22,11 +31,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-from offload.hls.cards import KERNEL_LAUNCH_S, M_AXI_OUTSTANDING_READS, PCIE_TRANSFER_LATENCY_S, Card
+from offload.hls.cards import (HOST_CARD_ROUND_TRIP_S, KERNEL_LAUNCH_S, M_AXI_OUTSTANDING_READS, PCIE_TRANSFER_LATENCY_S,
+                               PERSISTENT_POLL_INTERVAL_S, Card)
+from offload.sim.errors import InputError, InputTypeError
 
-__all__ = ["Prediction", "predict_lookup", "predict_mlp", "predict_conv_stream", "mlp_layer_cycles", "dsp_per_mult", "transfer_s"]
+__all__ = ["Prediction", "predict_lookup", "predict_mlp", "predict_conv_stream", "mlp_layer_cycles", "dsp_per_mult", "transfer_s",
+           "LAUNCHES", "check_launch", "per_call_costs", "persistent_costs"]
 
 # DSP48E2 (UltraScale+) multiplies 27 x 18 bits (UG579, "DSP48E2 slice"); DSP48E1 (7-series) 25 x 18 (UG479).
 DSP48E2_A, DSP48E2_B = 27, 18
@@ -59,6 +71,7 @@ class Prediction:
     kernel_s: float
     kernel_cycles: int = 0
     resources: dict[str, float] = field(default_factory=dict)
+    launch: str = "per_call"  # the launch mode the transfer and launch parts are for
 
     @property
     def total_s(self) -> float:
@@ -71,6 +84,35 @@ def transfer_s(card: Card, bytes_in: Sequence[int], bytes_out: Sequence[int]) ->
     return n * PCIE_TRANSFER_LATENCY_S + (sum(bytes_in) + sum(bytes_out)) / card.pcie_bps
 
 
+def per_call_costs(card: Card, bytes_in: Sequence[int], bytes_out: Sequence[int]) -> tuple[float, float]:
+    """(transfer, launch) seconds of one call that syncs every buffer and starts one ``xrt::run``."""
+    return transfer_s(card, bytes_in, bytes_out), KERNEL_LAUNCH_S
+
+
+def persistent_costs(card: Card, bytes_in: Sequence[int], bytes_out: Sequence[int]) -> tuple[float, float]:
+    """(transfer, launch) seconds of one request to a kernel that is already running: one small
+    host-card round trip plus the bytes over PCIe (the kernel reads inputs from and writes outputs to
+    host memory, no buffer sync), and the wait until the kernel loop's next poll sees the request."""
+    return HOST_CARD_ROUND_TRIP_S + (sum(bytes_in) + sum(bytes_out)) / card.pcie_bps, PERSISTENT_POLL_INTERVAL_S
+
+
+# Launch mode -> (card, bytes in per buffer, bytes out per buffer) -> (transfer_s, launch_s).
+LAUNCHES: dict[str, Callable[[Card, Sequence[int], Sequence[int]], tuple[float, float]]] = {
+    "per_call": per_call_costs,
+    "persistent": persistent_costs,
+}
+
+
+def check_launch(launch: object, extra: Sequence[str] = ()) -> str:
+    """``launch`` if it names a launch mode of :data:`LAUNCHES` (or one of ``extra``), else a typed error."""
+    known = (*LAUNCHES, *extra)
+    if not isinstance(launch, str):
+        raise InputTypeError(f"launch: expected one of {list(known)}, got {type(launch).__name__}")
+    if launch not in known:
+        raise InputError(f"launch: expected one of {list(known)}, got {launch!r}")
+    return launch
+
+
 def dsp_per_mult(a_bits: int, b_bits: int, dsp_a: int = DSP48E2_A, dsp_b: int = DSP48E2_B) -> int:
     """DSP slices for one ``a_bits x b_bits`` multiply: tiles of the DSP's multiplier (larger operand on the wide port)."""
     a, b = max(a_bits, b_bits), min(a_bits, b_bits)
@@ -79,12 +121,14 @@ def dsp_per_mult(a_bits: int, b_bits: int, dsp_a: int = DSP48E2_A, dsp_b: int = 
 
 def predict_lookup(card: Card, lookups_per_table: Sequence[int], row_bytes: Sequence[int], batch: int,
                    index_bytes: int = 4, out_bytes_per_value: int = 8, dims: Sequence[int] = (),
-                   rows_per_table: Sequence[int] = (), accum_bits: int = 48) -> Prediction:
-    """One table-batched lookup call: ``lookups_per_table[t]`` random rows of ``row_bytes[t]`` from table t.
+                   rows_per_table: Sequence[int] = (), accum_bits: int = 48, launch: str = "per_call") -> Prediction:
+    """One table-batched lookup call: ``lookups_per_table[t]`` random rows of ``row_bytes[t]`` from table t,
+    launched as ``launch`` says (a key of :data:`LAUNCHES`).
 
     Tables small enough (``URAM_TABLE_MAX_FRACTION`` of the card's URAM each, while URAM lasts) are
     placed on chip in URAM and read one row a cycle; the others live in HBM/DDR.
     """
+    costs = LAUNCHES[check_launch(launch)]
     mem = card.memory
     channels, ch_bps, lat = mem.banks, mem.bank_bps, mem.random_read_latency_s
     rows_per_table = list(rows_per_table) or [0] * len(row_bytes)
@@ -109,10 +153,10 @@ def predict_lookup(card: Card, lookups_per_table: Sequence[int], row_bytes: Sequ
     write = out_bytes / min(AXI_BYTES_PER_BEAT * card.kernel_clock_hz, ch_bps)
     kernel = max(max(per_channel), on_chip, write) + (lat if any(per_channel) else 0.0)
     n_idx = sum(lookups_per_table)
-    t_xfer = transfer_s(card, [n_idx * index_bytes, (len(lookups_per_table) * batch + 1) * index_bytes], [out_bytes])
+    t_xfer, t_launch = costs(card, [n_idx * index_bytes, (len(lookups_per_table) * batch + 1) * index_bytes], [out_bytes])
     # Pooling: one accum_bits adder per output lane of every table.
     res = {"DSP": 0, "BRAM36": 0, "URAM": uram_used, "LUT": sum(dims) * accum_bits + CONTROL_LUTS_PER_LAYER * len(dims), "HBM_bytes": mem_bytes}
-    return Prediction(t_xfer, KERNEL_LAUNCH_S, kernel, int(kernel * card.kernel_clock_hz), res)
+    return Prediction(t_xfer, t_launch, kernel, int(kernel * card.kernel_clock_hz), res, launch)
 
 
 def mlp_layer_cycles(n_in: int, reuse_factor: int) -> int:
@@ -123,23 +167,34 @@ def mlp_layer_cycles(n_in: int, reuse_factor: int) -> int:
 
 def predict_mlp(card: Card, sizes: Sequence[int], batch: int, reuse_factor: int = 1, weight_bits: int = 16,
                 data_bits: int = 16, accum_bits: int = 32, in_bytes_per_value: int = 4, out_bytes_per_value: int = 8,
-                rtl_cycles: int | None = None, rtl_resources: Mapping[str, float] | None = None) -> Prediction:
-    """An MLP with layer widths ``sizes`` (``[n_in, h1, ..., n_out]``) over ``batch`` samples.
+                rtl_cycles: int | None = None, rtl_resources: Mapping[str, float] | None = None,
+                launch: str = "per_call", rtl_ii_cycles: int | None = None) -> Prediction:
+    """An MLP with layer widths ``sizes`` (``[n_in, h1, ..., n_out]``) over ``batch`` samples,
+    launched as ``launch`` says (a key of :data:`LAUNCHES`).
 
     ``rtl_cycles`` (measured by ``MLP.to_rtl``'s Verilator testbench) replaces the modelled
-    pipeline latency, with II = 1 (the da4ml pipeline takes a row every cycle); ``rtl_resources``
-    (Yosys counts) replace the modelled LUT/DSP/BRAM.
+    pipeline latency, with II = ``rtl_ii_cycles`` (default 1: the da4ml pipeline takes a row every
+    cycle); ``rtl_resources`` (Yosys counts) replace the modelled LUT/DSP/BRAM.
+
+    Example::
+
+        predict_mlp(CARDS["u55c"], [16, 32, 16, 1], batch=1, launch="persistent").total_s
     """
+    costs = LAUNCHES[check_launch(launch)]
     if len(sizes) < 2:
         raise ValueError(f"sizes: need at least [n_in, n_out], got {list(sizes)}")
     layers = list(zip(sizes[:-1], sizes[1:]))
     latency = sum(mlp_layer_cycles(i, reuse_factor) for i, _ in layers)
+    row_ii = reuse_factor
     if rtl_cycles is not None:
         if int(rtl_cycles) < 1:
             raise ValueError(f"rtl_cycles must be >= 1, got {rtl_cycles!r}")
+        row_ii = 1 if rtl_ii_cycles is None else int(rtl_ii_cycles)
+        if row_ii < 1:
+            raise ValueError(f"rtl_ii_cycles must be >= 1, got {rtl_ii_cycles!r}")
         latency, reuse_factor = int(rtl_cycles), 1
     beats_in = math.ceil(sizes[0] * in_bytes_per_value / AXI_BYTES_PER_BEAT)
-    ii = max(reuse_factor, beats_in)
+    ii = max(row_ii, beats_in)
     cycles = latency + (batch - 1) * ii + beats_in
     mults = sum(math.ceil(i * o / reuse_factor) for i, o in layers)
     weights = sum(i * o for i, o in layers)
@@ -148,11 +203,11 @@ def predict_mlp(card: Card, sizes: Sequence[int], batch: int, reuse_factor: int 
     # its reuse_factor weights from a memory (hls4ml partitions the weight array by n_in*n_out/R).
     bram = 0 if reuse_factor == 1 else math.ceil(weights * weight_bits / BRAM36_BITS)
     lut = mults * accum_bits + CONTROL_LUTS_PER_LAYER * len(layers)
-    t_xfer = transfer_s(card, [batch * sizes[0] * in_bytes_per_value], [batch * sizes[-1] * out_bytes_per_value])
+    t_xfer, t_launch = costs(card, [batch * sizes[0] * in_bytes_per_value], [batch * sizes[-1] * out_bytes_per_value])
     res = {"DSP": dsp, "BRAM36": bram, "URAM": 0, "LUT": lut, "HBM_bytes": 0}
     if rtl_resources is not None:
         res.update({"DSP": rtl_resources["DSP"], "BRAM36": rtl_resources["BRAM"], "LUT": rtl_resources["LUT"]})
-    return Prediction(t_xfer, KERNEL_LAUNCH_S, cycles / card.kernel_clock_hz, cycles, res)
+    return Prediction(t_xfer, t_launch, cycles / card.kernel_clock_hz, cycles, res, launch)
 
 
 def predict_conv_stream(in_pixels: int, n_chan: int, n_filt: int, kernel: int, reuse_factor: int,

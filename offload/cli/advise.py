@@ -4,7 +4,12 @@ MODEL is a built-in example (``dlrm``, ``dlrm-small``, ``risk``) or ``package.mo
 where ``factory()`` returns ``(model, example_inputs)``.
 
     offload advise dlrm-small --batch-sizes 1,64,4096 --card u55c
+    offload advise risk --launch persistent --card u55c
     offload advise mypkg.models:make_ranker --card u280 --json
+
+Every row shows the card latency in both launch modes (per-call ``xrt::run``, and a persistent
+kernel serving request slots in host memory, whose figures are MODELLED, not measured on a card);
+``--launch`` says which one the verdicts use (``auto``, the default: the faster at each batch size).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import click
 
-from offload.hls.cards import CARDS
+from offload.hls.cards import CARDS, LAUNCH_MODES
 
 # torch, the examples and the advisor (which imports torch) stay inside the functions: importing
 # torch takes ~5 s here, and every `offload ...` start-up imports this module.
@@ -73,10 +78,14 @@ def _sizes(text: str) -> tuple[int, ...]:
 @click.option("--reuse-factor", type=click.IntRange(min=1), default=1, show_default=True, help="MLP reuse factor")
 @click.option("--rtl", "rtl_dirs", multiple=True, metavar="NAME=DIR",
               help="use the cycles and Yosys counts measured in MLP.to_rtl(DIR) for candidate NAME (repeatable)")
+@click.option("--launch", type=click.Choice([*LAUNCH_MODES, "auto"]), default="auto", show_default=True,
+              help="launch mode the verdicts use: per_call (an xrt::run a call), persistent (modelled: a running kernel "
+                   "polling host-memory request slots) or auto (the faster at each batch size)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def advise_cmd(model: str, batch_sizes: str, card: str, ops: str, fmt: str, reuse_factor: int, rtl_dirs: tuple[str, ...],
-               as_json: bool) -> None:
-    """Measure each offload candidate on its device, predict it on the card, and say offload or keep."""
+               launch: str, as_json: bool) -> None:
+    """Measure each offload candidate on its device, predict it on the card in both launch modes
+    (persistent figures are modelled, not measured on a card), and say offload or keep."""
     from offload.advisor import advise
     from offload.hls.rtl import RtlSummary
     from offload.sim.errors import InputError
@@ -94,7 +103,7 @@ def advise_cmd(model: str, batch_sizes: str, card: str, ops: str, fmt: str, reus
     m, inputs = _load(model)
     try:
         adv = advise(m, inputs, batch_sizes=sizes, card=card, ops=tuple(o.strip() for o in ops.split(",") if o.strip()),
-                     fmt=fmt, reuse_factor=reuse_factor, rtl=rtl)
+                     fmt=fmt, reuse_factor=reuse_factor, rtl=rtl, launch=launch)
     except ValueError as e:
         if not rtl:
             raise
