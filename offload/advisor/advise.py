@@ -387,7 +387,7 @@ def _together_note(rows: list[Estimate], card: Card, batch: int) -> str | None:
         return None
     total = {k: sum(r.resources[k] for r in chosen) for k in _RES_KEYS}
     ok, over = _fits(card, total)
-    return (f"at batch {batch}, the {len(chosen)} candidates to offload need together "
+    return (f"at batch {batch}, the {len(chosen)} candidate{'s' if len(chosen) != 1 else ''} to offload need{'' if len(chosen) != 1 else 's'} together "
             + ", ".join(f"{k} {total[k]:.0f}" for k in _RES_KEYS) + ("" if ok else f": over the card's budget ({over})"))
 
 
