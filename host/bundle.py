@@ -471,6 +471,9 @@ def _read_signature(root_fd: int, where: str, digest: str | None) -> dict[str, A
         return None
     doc = _manifest.parse(_read_small(root_fd, SIGNATURE_FILE, _manifest.MAX_SIGNATURE_BYTES, where, "signature"), where)
     _manifest.check_signature(doc, where)
+    if digest is None:
+        raise BundleError(f"{where}: {SIGNATURE_FILE}: the manifest has no digest to sign (format version 1): "
+                          "a signed bundle was downgraded, or the signature does not belong here")
     if doc["manifest_sha256"] != digest:
         raise BundleError(f"{where}: {SIGNATURE_FILE}: it signs manifest digest {doc['manifest_sha256']}, this manifest's is {digest} "
                           "(the manifest was changed after signing, or the bundle was re-saved: sign it again)")

@@ -20,7 +20,7 @@ import offload
 from _host_util import bundle_with_xclbin, fakes, fake_xclbin, sa  # noqa: F401  (fakes is a fixture)
 from offload.cli import main
 from offload.host import _manifest
-from offload.host.bundle import SIGNATURE_FILE, load, record_xclbin, save, sign
+from offload.host.bundle import SIGNATURE_FILE, UnsealedBundleWarning, load, record_xclbin, save, sign
 from offload.host.signing import MESSAGE_PREFIX, generate_key, load_public_key
 from offload.sim.errors import BundleError, InputError
 
@@ -101,6 +101,8 @@ def test_unsigned_other_key_and_downgraded_bundles_are_refused_where_a_key_is_re
     m["version"] = 1
     (p / "manifest.json").write_text(json.dumps(m))
     _refused(p, "not sealed", trusted_keys=[pub])
+    with pytest.warns(UnsealedBundleWarning):
+        _refused(p, "signature.json: the manifest has no digest to sign (format version 1)")  # without keys too
 
 
 def test_malformed_or_misplaced_signature_documents_are_refused(signed):
