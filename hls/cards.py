@@ -22,7 +22,8 @@ from offload.sim.errors import InputError, InputTypeError
 __all__ = ["Memory", "Card", "CARDS", "get_card", "PCIE_GEN3_X16_EFFECTIVE_BPS",
            "PCIE_TRANSFER_LATENCY_S", "KERNEL_LAUNCH_S", "HBM_RANDOM_READ_LATENCY_S", "DDR_RANDOM_READ_LATENCY_S",
            "M_AXI_OUTSTANDING_READS", "DDR4_CHANNEL_BPS",
-           "KERNEL_LAUNCH_REPORTED_S", "HOST_CARD_ROUND_TRIP_S", "PERSISTENT_POLL_INTERVAL_S", "LAUNCH_MODES"]
+           "KERNEL_LAUNCH_REPORTED_S", "HOST_CARD_ROUND_TRIP_S", "PERSISTENT_POLL_INTERVAL_S", "LAUNCH_MODES",
+           "HOST_MEMORY_BLOCKLIST", "HOST_MEMORY_CARDS", "RingMemory", "ring_memory"]
 
 _GiB = 1 << 30
 
@@ -212,3 +213,69 @@ def get_card(card: str | Card) -> Card:
     if key not in CARDS:
         raise InputError(f"card {card!r}: unknown; known cards: {sorted(CARDS)}")
     return CARDS[key]
+
+
+# --- host memory (the persistent kernel's ring) -----------------------------------------------
+# Which platforms let a kernel's m_axi port reach host memory (XRT "host memory access", the
+# platform's host-memory bridge, formerly "Slave Bridge"): connectivity `sp=<cu>.<port>:HOST[0]`
+# at link time, `xrt::bo::flags::host_only` buffers at run time (XRT
+# src/runtime_src/doc/toc/hm.rst), and `xrt-smi configure --host-mem` (`xbutil configure
+# --host-mem` before XRT 2.17) to reserve the memory before the xclbin is loaded.
+# Source: Xilinx/Vitis_Accel_Examples host_xrt/host_memory_simple_xrt/description.json
+# "platform_blocklist" (and makefile_us_alveo.mk PLATFORM_BLOCKLIST, the same list; the example's
+# README renders it as "Alveo U50lv, Alveo U50 gen3x4" excluded). Matched as substrings of the
+# platform name, as the example's makefile matches them. The Alveo entries of that list:
+HOST_MEMORY_BLOCKLIST = ("u25_", "u30", "u50lv", "u50_gen3x4", "u2_", "v70", "samsung")
+# Per card, the default platform above and what the example's list says of it. U200 has no Card
+# here (no default platform offload builds for) but is listed for the lookup by name. U50: the
+# list excludes the U50LV card and the U50's gen3x4 shell, not the gen3x16 shell offload
+# builds for, so a U50 on its default platform keeps its ring in host memory; on a gen3x4
+# platform it falls back.
+HOST_MEMORY_CARDS = ("u55c", "u280", "u250", "u200", "u50")
+
+
+@dataclass(frozen=True)
+class RingMemory:
+    """Where a persistent kernel's ring lives on one platform, and why.
+
+    ``host``: True when the ring is a ``host_only`` buffer in host memory (the kernel polls it
+    over PCIe, the host polls its own memory); False when it is a buffer in card memory, written
+    and read by DMA (``xrt::bo::sync``): the request word, synced to the card after the inputs,
+    is the doorbell the kernel polls. A register doorbell is not offered: pyxrt binds no
+    register access from XRT 2.12 on (``kernel.read_register``/``write_register`` only in 2.11's
+    pyxrt.cpp, ``xrt::ip`` never), and the kernel's loop polls memory either way.
+    """
+
+    card: str
+    platform: str
+    host: bool
+    why: str
+
+    @property
+    def bank(self) -> str | None:
+        """The connectivity bank of the ring port when it is in host memory, else None (the
+        placer puts it in card memory)."""
+        return "HOST[0]" if self.host else None
+
+
+def ring_memory(card: "str | Card", platform: str | None = None) -> RingMemory:
+    """Whether ``card`` on ``platform`` (default: the card's default platform) can keep a
+    persistent kernel's ring in host memory, or falls back to card memory, with the reason.
+
+    Example::
+
+        ring_memory("u55c").host                                   # True
+        ring_memory("u50", "xilinx_u50_gen3x4_xdma_2_202010_1")    # host=False, why names the list
+    """
+    c = get_card(card)
+    plat = platform or c.platform
+    src = "Vitis_Accel_Examples host_memory_simple_xrt platform_blocklist"
+    hit = next((b for b in HOST_MEMORY_BLOCKLIST if b in plat.lower()), None)
+    if hit is not None:
+        return RingMemory(c.name, plat, False, f"platform {plat} matches {hit!r} in the {src}: no host-memory access; "
+                          "the ring is in card memory and each request word is written by DMA")
+    if c.name not in HOST_MEMORY_CARDS:
+        return RingMemory(c.name, plat, False, f"{c.name}: no source says its platforms reach host memory; the ring is in card memory")
+    return RingMemory(c.name, plat, True, f"{plat} is not excluded by the {src}: the ring is a host_only buffer at HOST[0] "
+                      "(reserve it with `xrt-smi configure --host-mem -d <bdf> --size 1G enable`; `xbutil` on older XRT)")
+# --- end of host memory ------------------------------------------------------------------------
