@@ -29,9 +29,9 @@ import torch.fx as fx
 import torch.nn as nn
 from rich.table import Table
 
-from offload.advisor.model import LAUNCHES, Prediction, check_launch, predict_lookup, predict_mlp
+from offload.advisor.model import CARD_RING_SYNCS, LAUNCHES, Prediction, check_launch, predict_lookup, predict_mlp
 from offload.hls.cards import (HOST_CARD_ROUND_TRIP_S, KERNEL_LAUNCH_REPORTED_S, KERNEL_LAUNCH_S, PCIE_TRANSFER_LATENCY_S,
-                               PERSISTENT_POLL_INTERVAL_S, Card, get_card)
+                               PERSISTENT_POLL_INTERVAL_S, Card, get_card, ring_memory)
 from offload.partition.find import EMB_BAG_PARAMS, OPS, Candidate, find_candidates, trace
 from offload.render import RichReport
 
@@ -300,17 +300,23 @@ def _check_arguments(card: str | Card, batch_sizes: Sequence[int], fmt: str, lau
     return cardv, sizes
 
 
-def _launch_notes(launch: str) -> list[str]:
+def _launch_notes(card: Card, launch: str) -> list[str]:
     """What each launch mode's parts are, where their constants come from, and which one the verdicts use."""
     lo, hi = KERNEL_LAUNCH_REPORTED_S
     use = "the faster mode at each batch size" if launch == AUTO else f"{launch} only"
+    ring = ring_memory(card)
+    if ring.host:
+        parts = (f"xfer = one host-card round trip ({_us(HOST_CARD_ROUND_TRIP_S)}, measured on Coyote's shell, "
+                 f"fpgasystems/Coyote issue #161) plus bytes over PCIe, poll = the kernel loop's poll interval "
+                 f"({_us(PERSISTENT_POLL_INTERVAL_S)}, an assumption)")
+    else:
+        parts = (f"xfer = {CARD_RING_SYNCS} buffer syncs ({_us(PCIE_TRANSFER_LATENCY_S)} each, assumed) plus bytes over PCIe, "
+                 f"poll = one card-memory read ({_us(card.memory.random_read_latency_s)}, assumed)")
     return [
         f"per-call: each buffer synced ({_us(PCIE_TRANSFER_LATENCY_S)} each, assumed) plus bytes over PCIe, and one xrt::run "
         f"({_us(KERNEL_LAUNCH_S)}; users report {lo * 1e6:.0f}-{hi * 1e6:.0f} us: Xilinx/XRT issues #6601, #8687): the host path offload runs today",
-        f"persistent figures are MODELLED, not measured on a card: the kernel is started once and serves request slots in "
-        f"host memory; xfer = one host-card round trip ({_us(HOST_CARD_ROUND_TRIP_S)}, measured on Coyote's shell, "
-        f"fpgasystems/Coyote issue #161) plus bytes over PCIe, poll = the kernel loop's poll interval "
-        f"({_us(PERSISTENT_POLL_INTERVAL_S)}, an assumption)",
+        f"persistent figures are MODELLED, not measured on a card: the kernel is started once and serves a ring of request "
+        f"slots ({ring.why}); {parts}",
         f"verdicts use {use} (launch={launch!r})",
     ]
 
@@ -433,7 +439,7 @@ def advise(
     inputs = _record_inputs(gm, cands, args)
     rtl = dict(rtl or {})
     advice.notes.extend(_rtl_notes(cands, rtl))
-    advice.notes.extend(_launch_notes(launch))
+    advice.notes.extend(_launch_notes(cardv, launch))
     groups = _batched_groups(cands, inputs)
     setup = _Setup(cardv, fmt, reuse_factor, repeats, budget_s)
     gen = torch.Generator().manual_seed(seed)

@@ -5,9 +5,13 @@ Card latency of one call = transfers + launch + kernel time, in one of two launc
 
 - ``per_call``: every call syncs each buffer (a fixed cost each, plus bytes over PCIe) and starts
   one ``xrt::run``. This is the host path that exists today.
-- ``persistent``: the kernel runs from load on and serves request slots in host memory; a call
-  costs one small host-card round trip plus bytes over PCIe ("transfer"), the kernel loop's poll
-  interval ("launch"), and the kernel. MODELLED, not measured on a card.
+- ``persistent``: the kernel runs from load on and serves a ring of request slots
+  (:mod:`offload.kernels.ring`). Where the platform reaches host memory
+  (:func:`offload.hls.cards.ring_memory`) a call costs one small host-card round trip plus bytes
+  over PCIe ("transfer"), the kernel loop's poll interval ("launch"), and the kernel. Where it does
+  not, the ring is in card memory and a call costs four buffer syncs (inputs, then the request
+  word; the response word, then the outputs) plus bytes, and a poll of card memory. MODELLED, not
+  measured on a card.
 
 Kernel time comes from the analytical model below or from the cycles an RTL simulation measured.
 
@@ -34,11 +38,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from offload.hls.cards import (HOST_CARD_ROUND_TRIP_S, KERNEL_LAUNCH_S, M_AXI_OUTSTANDING_READS, PCIE_TRANSFER_LATENCY_S,
-                               PERSISTENT_POLL_INTERVAL_S, Card)
+                               PERSISTENT_POLL_INTERVAL_S, Card, ring_memory)
 from offload.sim.errors import InputError, InputTypeError
 
 __all__ = ["Prediction", "predict_lookup", "predict_mlp", "predict_conv_stream", "mlp_layer_cycles", "dsp_per_mult", "transfer_s",
-           "LAUNCHES", "check_launch", "per_call_costs", "persistent_costs"]
+           "LAUNCHES", "CARD_RING_SYNCS", "check_launch", "per_call_costs", "persistent_costs"]
 
 # DSP48E2 (UltraScale+) multiplies 27 x 18 bits (UG579, "DSP48E2 slice"); DSP48E1 (7-series) 25 x 18 (UG479).
 DSP48E2_A, DSP48E2_B = 27, 18
@@ -89,11 +93,23 @@ def per_call_costs(card: Card, bytes_in: Sequence[int], bytes_out: Sequence[int]
     return transfer_s(card, bytes_in, bytes_out), KERNEL_LAUNCH_S
 
 
+# A ring in card memory is written and read by DMA in the order offload.kernels.ring prescribes:
+# the slot's inputs, then its request word; the response word, then the outputs. One sync each.
+CARD_RING_SYNCS = 4
+
+
 def persistent_costs(card: Card, bytes_in: Sequence[int], bytes_out: Sequence[int]) -> tuple[float, float]:
-    """(transfer, launch) seconds of one request to a kernel that is already running: one small
-    host-card round trip plus the bytes over PCIe (the kernel reads inputs from and writes outputs to
-    host memory, no buffer sync), and the wait until the kernel loop's next poll sees the request."""
-    return HOST_CARD_ROUND_TRIP_S + (sum(bytes_in) + sum(bytes_out)) / card.pcie_bps, PERSISTENT_POLL_INTERVAL_S
+    """(transfer, launch) seconds of one request to a kernel that is already running.
+
+    Ring in host memory: one small host-card round trip plus the bytes over PCIe (the kernel reads
+    the inputs from and writes the outputs to host memory, no buffer sync), and the wait until the
+    kernel loop's next poll sees the request. Ring in card memory: :data:`CARD_RING_SYNCS` buffer
+    syncs plus the bytes, and one read of card memory for the kernel's poll (the host's one
+    sync of the response word assumes the kernel has answered by then: it takes nanoseconds)."""
+    wire = (sum(bytes_in) + sum(bytes_out)) / card.pcie_bps
+    if ring_memory(card).host:
+        return HOST_CARD_ROUND_TRIP_S + wire, PERSISTENT_POLL_INTERVAL_S
+    return CARD_RING_SYNCS * PCIE_TRANSFER_LATENCY_S + wire, card.memory.random_read_latency_s
 
 
 # Launch mode -> (card, bytes in per buffer, bytes out per buffer) -> (transfer_s, launch_s).

@@ -145,6 +145,26 @@ def test_auto_picks_the_faster_mode_at_each_batch_size(one_thread, monkeypatch):
     assert all(r.modes["persistent"]["transfer_s"] > 1.0 for r in slow.rows)
 
 
+def test_a_platform_without_host_memory_keeps_the_ring_in_card_memory():
+    """The U50's gen3x4 shell is in host_memory_simple_xrt's platform blocklist (Vitis_Accel_Examples
+    description.json): its ring is in card memory, written and read by DMA in the ring protocol's
+    order (inputs, request word; response word, outputs: four syncs), and the kernel polls HBM."""
+    import dataclasses
+
+    gen3x4 = dataclasses.replace(CARDS["u50"], platform="xilinx_u50_gen3x4_xdma_2_202010_1")
+    hbm_read_s = 150e-9  # the HBM random read latency hls/cards.py assumes (Shuhai's order, FCCM 2020)
+    p = predict_mlp(gen3x4, [16, 32, 16, 1], 1, launch="persistent")
+    assert p.transfer_s == pytest.approx(4 * SYNC_S + (RISK_IN_B + RISK_OUT_B) / DMA_BPS, rel=1e-9)
+    assert p.launch_s == pytest.approx(hbm_read_s, rel=1e-9)
+    # Still no launch, so still under the per-call figure; but far from the host-memory ring's.
+    per_call = predict_mlp(gen3x4, [16, 32, 16, 1], 1)
+    host_ring = predict_mlp(CARDS["u50"], [16, 32, 16, 1], 1, launch="persistent")
+    assert host_ring.total_s < p.total_s < per_call.total_s
+    model, inputs = _risk()
+    adv = offload.advise(model, inputs, batch_sizes=(1,), card=gen3x4, ops=("mlp",), repeats=3, budget_s=0.02, launch="auto")
+    assert any("card memory" in n and "u50_gen3x4" in n for n in adv.notes)
+
+
 @pytest.mark.parametrize("bad, err, builtin", [("turbo", InputError, ValueError), ("Persistent", InputError, ValueError),
                                                (None, InputTypeError, TypeError), (1, InputTypeError, TypeError)])
 def test_bad_launch_is_a_typed_error_naming_the_field(bad, err, builtin):
