@@ -31,6 +31,41 @@ pyxrt swallows a failed ``set_arg`` (a float or a scalar outside int32 is left u
 the wrong bank is cloned, so what the kernel writes there is lost), so every argument is checked
 here before the call.
 
+Launch modes. ``open_device("xrt:0")`` starts one ``xrt::run`` per call (``launch="per_call"``, the
+default). ``open_device("xrt:0", launch="persistent")`` starts each kernel's persistent top
+(``<top>_ring``, :mod:`offload.hls.persistent`: a ``while`` loop with a stop word) once, at load,
+with one ordinary ``xrt::run``, and then talks to it only through its ring
+(:mod:`offload.kernels.ring`, whose memory-ordering contract this follows):
+
+- the ring is a ``host_only`` buffer where the xclbin connects the ring port to ``HOST[0]`` (the
+  xclbin's ``get_mems`` tag of ``kernel.group_id(0)``; :func:`offload.hls.cards.ring_memory` says
+  which platforms can), else an ordinary buffer in card memory;
+- a call writes its slot with plain stores, syncs it to the card, stores the request number into
+  the slot's request word with release semantics and syncs that line: on a card-memory ring the
+  request word, reaching card memory by DMA after the inputs, is the doorbell the loop polls. No
+  register doorbell: pyxrt binds ``kernel.read_register``/``write_register`` only in XRT 2.11
+  (pyxrt.cpp at 202110.2.11.634) and ``xrt::ip`` in no release;
+- it then waits for the slot's response word to hold its own number: on a host-memory ring it
+  spins on the word (acquire loads, GIL released) for ``SPIN_S``, then backs off; each later
+  look syncs the word's line from the card first (a cache invalidate on host memory, which XRT's
+  xrt_bo.cpp asks for "just in case the HW changes"; a DMA on card memory). The outputs are
+  synced back and copied only after the word matched.
+- Syncs of a ``host_only`` buffer move nothing on Alveo (xrt_bo.cpp ``bo_impl::sync``), so the
+  host-memory ring costs no DMA and no ``xrt::run`` per call.
+
+Nothing waits forever: every call has a deadline (``timeout``, else ``PERSISTENT_TIMEOUT_S``).
+A request not answered by then raises :class:`DeviceTimeout`; its ring is abandoned (its
+numbers are never reused, so a late answer lands in a ring no one reads, never in another
+request's result), the other requests waiting on it fail with :class:`DeviceError`, the
+persistent compute unit is marked hung, and with none left the device is reopened, as for
+per-call runs. A request larger than a slot runs per call when the xclbin also holds the
+per-call top, else it is refused naming the field and the limit. ``close`` drains: it admits no
+new request, waits for those in flight, then stores the stop word and waits (bounded) for the
+loop's run to complete. Persistence is refused with :class:`UnsupportedError` naming the reason
+where it cannot work: a pyxrt without host-only buffers, ``map`` or ``xclbin.get_mems``, no C++
+compiler for the ring's acquire/release helpers, an xclbin without the persistent top, host
+memory not reserved for a ring the xclbin put there.
+
 Example::
 
     dev = open_device("xrt:0")
@@ -55,12 +90,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from offload.hls import persistent
 from offload.host._buffered import BufferedDevice, Loaded, next_live_cu
 from offload.host._pool import BufferPool
 from offload.host.device import DeviceError, DeviceTimeout, Probe, register_device
-from offload.sim.errors import InputError
+from offload.kernels.ring import HDR_STOP, LINE, SLOT_REQ_SEQ, STOP, RingLayout
+from offload.sim.errors import InputError, UnsupportedError
 
-__all__ = ["XrtDevice", "XrtApi", "import_pyxrt", "pyxrt_import_problem", "xrt_api", "count_devices", "xrt_version", "MIN_XRT"]
+__all__ = ["XrtDevice", "XrtApi", "import_pyxrt", "pyxrt_import_problem", "xrt_api", "count_devices", "xrt_version",
+           "persistent_problem", "MIN_XRT", "PERSISTENT_TIMEOUT_S", "SPIN_S"]
 
 _MIN_BO = 64  # XRT refuses zero-byte buffer objects
 MIN_XRT = "2.12"
@@ -71,6 +109,12 @@ _TERMINAL = ("ERT_CMD_STATE_COMPLETED", "ERT_CMD_STATE_ERROR", "ERT_CMD_STATE_AB
              "ERT_CMD_STATE_NORESPONSE", "ERT_CMD_STATE_SKERROR", "ERT_CMD_STATE_SKCRASHED")
 _POLL_FIRST_S = 20e-6  # first nap between run.state() polls; doubles up to _POLL_MAX_S
 _POLL_MAX_S = 1e-3
+# Persistent launch. A call without a timeout still has a deadline: a loop that stopped answering
+# must not hold its caller forever. Spin: a host-memory round trip is a few microseconds
+# (hls.cards.HOST_CARD_ROUND_TRIP_S), so a caller spins about ten of them before it naps.
+PERSISTENT_TIMEOUT_S = 10.0
+SPIN_S = 50e-6
+_STOP_WAIT_S = 1.0  # close: how long the loop's run gets to complete after the stop word
 
 
 def pyxrt_import_problem(e: ImportError) -> str:
@@ -131,6 +175,25 @@ def count_devices(pyxrt: Any, api: XrtApi) -> int:
     return n
 
 
+def persistent_problem(pyxrt: Any) -> str | None:
+    """Why ``launch="persistent"`` cannot work with this pyxrt on this host, or None when it can.
+
+    It needs ``bo.flags.host_only`` (pyxrt.cpp from 202110.2.11.634), ``bo.map`` (same) and
+    ``xclbin.get_mems`` with ``get_tag`` (from 202120.2.12.427) to find a HOST[0] ring, and the
+    ring's acquire/release helpers, built once with the C++ compiler (offload.hls.persistent.ring_ops).
+    """
+    missing = [name for name, ok in (("bo.flags.host_only", hasattr(getattr(pyxrt.bo, "flags", None), "host_only")),
+                                     ("bo.map", hasattr(pyxrt.bo, "map")),
+                                     ("xclbin.get_mems", hasattr(pyxrt.xclbin, "get_mems"))) if not ok]
+    if missing:
+        return f"this pyxrt lacks {', '.join(missing)} (bound from XRT 2.12): update XRT"
+    try:
+        persistent.ring_ops()
+    except Exception as e:  # noqa: BLE001 - ToolchainMissing, a failed g++ build: reported as the reason
+        return f"the ring's acquire/release helpers cannot be built: {e}"
+    return None
+
+
 def xrt_version() -> str | None:
     """The installed XRT's version, or None when nothing says: a version attribute of pyxrt where
     it has one, else ``$XILINX_XRT/version.json`` (XRT's setup.sh sets XILINX_XRT), else ``xbutil --version``."""
@@ -162,6 +225,14 @@ def xrt_version() -> str | None:
     return None
 
 
+def _launch_text(pyxrt: Any) -> str:
+    why = persistent_problem(pyxrt)
+    if why:
+        return f"launch modes: per_call only (persistent: {why})"
+    return ("launch modes: per_call, persistent (a bundle whose xclbin holds the <top>_ring kernels; its ring in host "
+            "memory where the xclbin put it at HOST[0], else in card memory)")
+
+
 @dataclass
 class _Cu:
     name: str
@@ -172,11 +243,38 @@ class _Cu:
 
 
 @dataclass
+class _Ring:
+    """One persistent compute unit: its loop's run and the ring it serves, with the host's side of
+    the protocol (request numbers, which request holds each slot, requests in flight)."""
+
+    name: str
+    kernel: Any
+    bo: Any
+    view: np.ndarray  # the ring's bytes as the host maps them (host_only: the memory the card reads)
+    layout: RingLayout
+    host: bool  # in host memory (HOST[0]) rather than card memory
+    run: Any = None
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    next_n: int = 1
+    owner: list[int] = field(default_factory=list)  # slot -> request number holding it (0: free)
+    inflight: int = 0
+    answered: int = 0
+    dead: str | None = None  # why the ring was abandoned; never used again
+    stopping: bool = False
+
+    @property
+    def base(self) -> int:
+        return int(self.view.ctypes.data)
+
+
+@dataclass
 class _XrtKernel:
     cus: list[_Cu]
     next_cu: Any  # itertools.cycle over cus
     lock: threading.Lock
     resident: dict[str, np.ndarray] = field(default_factory=dict)  # kept to reload after a reopen
+    rings: list[_Ring] = field(default_factory=list)  # persistent compute units (launch="persistent")
+    next_ring: int = 0
 
 
 @register_device("xrt")
@@ -184,11 +282,19 @@ class XrtDevice(BufferedDevice):
     """An Alveo card through pyxrt; see the module doc."""
 
     kind = "xrt"
+    launch_modes = ("per_call", "persistent")  # what open_device(spec, launch=...) may ask for
 
-    def __init__(self, spec: str = "xrt") -> None:
+    def __init__(self, spec: str = "xrt", launch: str = "per_call") -> None:
         super().__init__(spec)
+        if launch not in self.launch_modes:
+            raise InputError(f"launch: {launch!r} is not one of {list(self.launch_modes)}")
+        self.launch = launch
         self._pyxrt = import_pyxrt()
         self._api = xrt_api(self._pyxrt)
+        if launch == "persistent":
+            why = persistent_problem(self._pyxrt)
+            if why:
+                raise UnsupportedError(f"device {spec!r}: launch='persistent' is not possible: {why}")
         self._target = spec.split(":", 1)[1] if ":" in spec else "0"
         self._dev = self._open()
         self._xb: Any = None  # the pyxrt.xclbin programmed
@@ -220,7 +326,7 @@ class XrtDevice(BufferedDevice):
                 cards.append(f"xrt:{i} (cannot open: {e})")
         found = f"{len(cards)} card(s)" if cards else (
             f"no card found{': ' + err if err else ''} (is the card flashed and the xocl driver loaded? `xbutil examine`)")
-        return Probe("xrt", bool(cards), tuple(cards), f"XRT {xrt_version() or 'version unknown'}; {found}")
+        return Probe("xrt", bool(cards), tuple(cards), f"XRT {xrt_version() or 'version unknown'}; {found}; {_launch_text(pyxrt)}")
 
     def _open(self) -> Any:
         t = self._target
@@ -266,6 +372,17 @@ class XrtDevice(BufferedDevice):
         # The mode argument is required before 2.16 (pyxrt.cpp 202120.2.12.427).
         return pyxrt.kernel(self._dev, self._uuid, name, pyxrt.kernel.cu_access_mode.shared)
 
+    def load(self, kernel: Any):
+        """Upload ``kernel``'s resident tensors; in persistent mode also start its loop (see the module doc)."""
+        if self.launch == "persistent" and self._xclbin_kernels:
+            ring_top = persistent.top_name(kernel.spec)
+            if ring_top not in self._xclbin_kernels:
+                raise UnsupportedError(
+                    f"kernel {kernel.name!r}: launch='persistent' needs the persistent top {ring_top!r}, and xclbin {self._xclbin} "
+                    f"holds only {self._xclbin_kernels}: rebuild it with `offload build` (which writes {ring_top} next to the per-call top) "
+                    "or open the device with launch='per_call'")
+        return super().load(kernel)
+
     def load_bundle(self, bundle: Any) -> dict:
         if bundle.xclbin is None:
             raise DeviceError(f"bundle {bundle.name!r} has no xclbin: build it with `offload build BUNDLE --target CARD --vitis` first")
@@ -293,33 +410,224 @@ class XrtDevice(BufferedDevice):
                     "load_xclbin(path) or set OFFLOAD_XCLBIN"
                 )
             self.load_xclbin(env)
-        if self._xclbin_kernels and loaded.top not in self._xclbin_kernels:
+        per_call = not self._xclbin_kernels or loaded.top in self._xclbin_kernels
+        if self.launch == "per_call" and not per_call:
             raise DeviceError(f"kernel {loaded.kernel.name!r}: top function {loaded.top!r} is not in xclbin {self._xclbin} (it holds {self._xclbin_kernels})")
         return self._upload_cus(loaded, resident)
 
+    def _resident_bo(self, uploaded: dict, name: str, group: int, arr: np.ndarray) -> Any:
+        """The resident buffer of ``name`` in bank ``group``, uploaded once: compute units (per-call
+        and persistent) wired to the same bank share a table."""
+        if (name, group) not in uploaded:
+            pyxrt = self._pyxrt
+            bo = pyxrt.bo(self._dev, max(arr.nbytes, _MIN_BO), pyxrt.bo.normal, group)
+            if arr.nbytes:
+                bo.write(arr.reshape(-1).view(np.uint8), 0)
+                bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, arr.nbytes, 0)  # (dir) alone only from 2.16
+            uploaded[(name, group)] = bo
+        return uploaded[(name, group)]
+
     def _upload_cus(self, loaded: Loaded, resident: dict[str, np.ndarray]) -> _XrtKernel:
-        pyxrt = self._pyxrt
-        sync_to = pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
-        names = self._compute_units.get(loaded.top) or [None]
         cus = []
-        uploaded: dict[tuple[int, int], Any] = {}  # (arg, bank) -> bo: CUs on the same bank share a table
-        for cu in names:
+        uploaded: dict[tuple[str, int], Any] = {}  # (arg, bank) -> bo
+        per_call = not self._xclbin_kernels or loaded.top in self._xclbin_kernels
+        for cu in (self._compute_units.get(loaded.top) or [None]) if per_call else []:
             k = self._open_kernel(loaded.top if cu is None else f"{loaded.top}:{{{cu}}}")
             groups = {i: k.group_id(i) for i, a in enumerate(loaded.args) if a.role != "scalar"}
-            bos = {}
-            for i, a in enumerate(loaded.args):
-                if a.role != "resident":
-                    continue
-                if (i, groups[i]) not in uploaded:
-                    arr = resident[a.name]
-                    bo = pyxrt.bo(self._dev, max(arr.nbytes, _MIN_BO), pyxrt.bo.normal, groups[i])
-                    if arr.nbytes:
-                        bo.write(arr.reshape(-1).view(np.uint8), 0)
-                        bo.sync(sync_to, arr.nbytes, 0)  # (dir) alone only from 2.16
-                    uploaded[(i, groups[i])] = bo
-                bos[i] = uploaded[(i, groups[i])]
+            bos = {i: self._resident_bo(uploaded, a.name, groups[i], resident[a.name]) for i, a in enumerate(loaded.args) if a.role == "resident"}
             cus.append(_Cu(cu or loaded.top, k, bos, groups))
-        return _XrtKernel(cus, itertools.cycle(cus), threading.Lock(), dict(resident))
+        st = _XrtKernel(cus, itertools.cycle(cus), threading.Lock(), dict(resident))
+        if self.launch == "persistent":
+            try:
+                st.rings = self._start_rings(loaded, resident, uploaded)
+            except BaseException:
+                for r in st.rings:
+                    self._abandon(r, "the load failed")
+                raise
+        return st
+
+    # -- persistent launch ----------------------------------------------------------------------
+    def _host_banks(self) -> set[int]:
+        """The memory indices the xclbin tags ``HOST[...]`` (xclbin.get_mems, pyxrt.cpp from 2.12)."""
+        return {int(m.get_index()) for m in self._xb.get_mems() if str(m.get_tag()).upper().startswith("HOST")}
+
+    def _start_rings(self, loaded: Loaded, resident: dict[str, np.ndarray], uploaded: dict) -> list[_Ring]:
+        """Allocate each persistent compute unit's ring, write its header, and start its loop with one run."""
+        pyxrt = self._pyxrt
+        spec = loaded.kernel.spec
+        top = persistent.top_name(spec)
+        layout = persistent.ring_layout(spec)  # the layout offload build compiled the loop for
+        host_banks = self._host_banks()
+        to_dev = pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
+        rings: list[_Ring] = []
+        try:
+            for cu in self._compute_units.get(top) or [None]:
+                k = self._open_kernel(top if cu is None else f"{top}:{{{cu}}}")
+                group = k.group_id(0)
+                host = group in host_banks
+                try:
+                    bo = pyxrt.bo(self._dev, layout.nbytes, pyxrt.bo.host_only if host else pyxrt.bo.normal, group)
+                except RuntimeError as e:
+                    if not host:
+                        raise
+                    raise UnsupportedError(
+                        f"kernel {loaded.kernel.name!r}: its persistent top keeps the ring in host memory (HOST[0]) and XRT cannot allocate "
+                        f"it: {e}; reserve host memory first (`sudo xrt-smi configure --host-mem -d <bdf> --size 1G enable`, "
+                        "`xbutil` on older XRT) or open the device with launch='per_call'") from e
+                view = np.frombuffer(bo.map(), dtype=np.uint8)[: layout.nbytes]
+                if view.ctypes.data % LINE:
+                    raise DeviceError(f"kernel {loaded.kernel.name!r}: XRT mapped the ring at {view.ctypes.data:#x}, not {LINE}-byte aligned")
+                view[:] = 0
+                layout.write_header(view)
+                bo.sync(to_dev, layout.nbytes, 0)
+                bos = [self._resident_bo(uploaded, a.name, k.group_id(i + 1), resident[a.name]) for i, a in enumerate(persistent.resident_args(spec))]
+                ring = _Ring(cu or top, k, bo, view, layout, host, owner=[0] * layout.slots)
+                try:
+                    ring.run = k(bo, *bos)  # the one xrt::run of this loop: it ends at the stop word
+                except RuntimeError as e:
+                    raise DeviceError(f"kernel {loaded.kernel.name!r}: XRT cannot start its persistent top {ring.name}: {e}") from e
+                rings.append(ring)
+        except BaseException:
+            for r in rings:
+                self._abandon(r, "the load failed")
+            raise
+        return rings
+
+    def _next_ring(self, loaded: Loaded) -> _Ring:
+        st: _XrtKernel = loaded.state
+        with st.lock:
+            for _ in range(len(st.rings)):
+                r = st.rings[st.next_ring % len(st.rings)]
+                st.next_ring += 1
+                if r.dead is None:
+                    return r
+        raise DeviceError(f"kernel {loaded.kernel.name!r} on {self.name!r}: every persistent compute unit is hung; reset the card (`xbutil reset`) and reopen")
+
+    @staticmethod
+    def _fits(layout: RingLayout, values: dict[str, Any]) -> str | None:
+        """None when the request fits a slot, else which field exceeds it and by how much."""
+        for f in layout.slot.fields:
+            if f.role != "scalar" and np.asarray(values[f.name]).size > f.count:
+                return f"{f.name}: {np.asarray(values[f.name]).size} elements exceed the ring slot's {f.count}"
+        return None
+
+    def _abandon(self, ring: _Ring, why: str) -> None:
+        """Never use ``ring`` again; fail its waiters; ask its loop to end (harmless if it is dead)."""
+        with ring.cond:
+            if ring.dead is None:
+                ring.dead = why
+            ring.cond.notify_all()
+        try:
+            persistent.ring_ops().store_release(ring.base + HDR_STOP, STOP)
+            ring.bo.sync(self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, LINE, HDR_STOP)
+        except RuntimeError:  # a lost card: nothing left to stop
+            pass
+
+    def _ring_call(self, loaded: Loaded, ring: _Ring, values: dict[str, Any], timeout: float) -> dict[str, np.ndarray]:
+        """One request through ``ring``, following offload.kernels.ring's contract (see the module doc)."""
+        pyxrt, ops, layout = self._pyxrt, persistent.ring_ops(), ring.layout
+        to_dev, from_dev = pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
+        deadline = time.monotonic() + timeout
+        what = f"kernel {loaded.kernel.name!r} (persistent compute unit {ring.name}) on {self.name!r}"
+        with ring.cond:  # a number, and the slot it maps to once that slot's last request was read
+            while True:
+                if ring.dead is not None:
+                    raise DeviceError(f"{what}: its ring was abandoned ({ring.dead})")
+                if ring.stopping:
+                    raise DeviceError(f"device {self.name!r} is closing")
+                s = layout.slot_of(ring.next_n)
+                if ring.owner[s] == 0:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DeviceTimeout(f"{what}: no ring slot came free within {timeout:g} s (request {ring.owner[s]} still holds slot {s})")
+                ring.cond.wait(min(left, 0.05))
+            n = ring.next_n
+            ring.next_n += 1
+            ring.owner[s] = n
+            ring.inflight += 1
+        answered = False
+        try:
+            at = layout.slot_offset(s)
+            try:
+                persistent.write_request(layout, ring.view, s, values)
+                ring.bo.sync(to_dev, _input_end(layout) - LINE, at + LINE)
+                ops.store_release(ring.base + at + SLOT_REQ_SEQ, n)  # last: publishes the request
+                ring.bo.sync(to_dev, LINE, at + SLOT_REQ_SEQ)
+            except BaseException as e:
+                # Taken but maybe not published: the loop would wait for n forever.
+                self._abandon(ring, f"request {n} could not be written: {e}")
+                raise
+            if not self._await(ring, n, at + layout.slot.resp_seq, deadline):
+                if ring.dead is not None:
+                    raise DeviceError(f"{what}: request {n} was not answered: its ring was abandoned ({ring.dead})")
+                late = f"{what}: request {n} was not answered within {timeout:g} s; the compute unit is marked hung and its ring abandoned"
+                self._abandon(ring, f"request {n} was not answered within {timeout:g} s")
+                try:
+                    self._ring_hung(loaded)
+                except DeviceError as e:
+                    raise DeviceTimeout(f"{late}, and reopening the device failed: {e}") from e
+                raise DeviceTimeout(late)
+            first, end = _output_span(layout)
+            ring.bo.sync(from_dev, end - first, at + first)
+            out = persistent.read_response(layout, ring.view, s, values)
+            answered = True
+            return out
+        finally:
+            with ring.cond:
+                ring.inflight -= 1
+                if answered:
+                    ring.owner[s] = 0
+                    ring.answered += 1
+                ring.cond.notify_all()
+
+    def _await(self, ring: _Ring, n: int, resp: int, deadline: float) -> bool:
+        """True once the response word at byte ``resp`` holds ``n``; False at the deadline or when the
+        ring is abandoned. Host memory: spin on the word (GIL released) for SPIN_S first."""
+        ops = persistent.ring_ops()
+        from_dev = self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
+        addr = ring.base + resp
+        now = time.monotonic()
+        if ring.host and ops.wait(addr, n, int(max(0.0, min(SPIN_S, deadline - now)) * 1e9)):
+            return True
+        spin_until = now + SPIN_S
+        nap = _POLL_FIRST_S
+        while True:
+            ring.bo.sync(from_dev, LINE, resp)  # host memory: a cache invalidate; card memory: the DMA that reads the word
+            if ops.load_acquire(addr) == n:
+                return True
+            if ring.dead is not None:
+                return False
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if not ring.host and now < spin_until:
+                continue
+            time.sleep(min(nap, deadline - now))
+            nap = min(2 * nap, _POLL_MAX_S)
+
+    def _ring_hung(self, loaded: Loaded) -> None:
+        st: _XrtKernel = loaded.state
+        with st.lock:
+            healthy = any(r.dead is None for r in st.rings)
+        if not healthy:
+            self._reopen()
+
+    def _stop_ring(self, ring: _Ring, wait_s: float) -> None:
+        """Drain ``ring`` (no new request; those in flight finish or time out), then the stop word."""
+        end = time.monotonic() + wait_s
+        with ring.cond:
+            ring.stopping = True
+            while ring.inflight and ring.dead is None and time.monotonic() < end:
+                ring.cond.wait(min(0.05, max(0.0, end - time.monotonic())))
+            if ring.dead is not None:
+                return
+            ring.dead = "the device was closed"
+        ops = persistent.ring_ops()
+        ops.store_release(ring.base + HDR_STOP, STOP)
+        ring.bo.sync(self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, LINE, HDR_STOP)
+        if ring.run is not None:
+            self._wait(ring.run, _STOP_WAIT_S)  # the loop ends at its next idle poll; pyxrt cannot abort it otherwise
 
     def _scalar(self, loaded: Loaded, name: str, v: Any) -> int:
         if not (isinstance(v, (int, np.integer)) and _INT32[0] <= int(v) <= _INT32[1]):
@@ -327,6 +635,18 @@ class XrtDevice(BufferedDevice):
         return int(v)
 
     def _execute(self, loaded: Loaded, values: dict[str, Any], timeout: float | None) -> dict[str, np.ndarray]:
+        if self.launch == "persistent":
+            st: _XrtKernel = loaded.state
+            ring = self._next_ring(loaded)
+            too_big = self._fits(ring.layout, values)
+            if too_big is None:
+                return self._ring_call(loaded, ring, values, PERSISTENT_TIMEOUT_S if timeout is None else timeout)
+            if not st.cus:
+                raise InputError(f"kernel {loaded.kernel.name!r}: {too_big} (the persistent top was built for "
+                                 f"{persistent.DEFAULT_ROWS} rows a request, and the xclbin has no per-call top to run a larger one)")
+        return self._execute_per_call(loaded, values, timeout)
+
+    def _execute_per_call(self, loaded: Loaded, values: dict[str, Any], timeout: float | None) -> dict[str, np.ndarray]:
         pyxrt = self._pyxrt
         sync_dir = pyxrt.xclBOSyncDirection
         scalars = {a.name: self._scalar(loaded, a.name, values[a.name]) for a in loaded.args if a.role == "scalar"}
@@ -415,6 +735,9 @@ class XrtDevice(BufferedDevice):
         """A fresh device handle, the xclbin programmed again and every kernel reloaded: the only way
         pyxrt offers past a compute unit that never finishes (``run.abort`` is not bound)."""
         with self._lock:
+            for lo in self._loaded:
+                for r in getattr(lo.state, "rings", ()):
+                    self._abandon(r, "the device was reopened")
             old_pool = self._pool
             self._dev = self._open()
             self._ctx = self._uuid = None
@@ -429,7 +752,12 @@ class XrtDevice(BufferedDevice):
         old_pool.close()
 
     def _details(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"xclbin": str(self._xclbin) if self._xclbin else None, "buffer_allocations": self._pool.allocations, "reopens": self.reopens}
+        d: dict[str, Any] = {"xclbin": str(self._xclbin) if self._xclbin else None, "buffer_allocations": self._pool.allocations, "reopens": self.reopens,
+                             "launch": self.launch}
+        if self.launch == "persistent":
+            d["rings"] = [{"kernel": lo.kernel.name, "compute_unit": r.name, "memory": "host" if r.host else "card", "slots": r.layout.slots,
+                           "answered": r.answered, "abandoned": r.dead}
+                          for lo in self._loaded for r in getattr(lo.state, "rings", ())]
         info = self._pyxrt.xrt_info_device
         for key in ("name", "bdf"):
             try:
@@ -442,4 +770,20 @@ class XrtDevice(BufferedDevice):
         return "Alveo card through XRT (pyxrt)"
 
     def _shutdown(self) -> None:
+        for lo in self._loaded:
+            for r in getattr(lo.state, "rings", ()):
+                self._stop_ring(r, PERSISTENT_TIMEOUT_S)
         self._pool.close()
+
+
+def _input_end(layout: RingLayout) -> int:
+    """Byte offset in a slot just past the last scalar or input field (what a request writes)."""
+    from offload.kernels.ring import align
+
+    return align(max(f.offset + f.nbytes for f in layout.slot.fields if f.role != "output"))
+
+
+def _output_span(layout: RingLayout) -> tuple[int, int]:
+    """Byte offsets in a slot of the output fields: first byte, and the response word's line."""
+    outs = [f.offset for f in layout.slot.fields if f.role == "output"]
+    return (min(outs) if outs else layout.slot.resp_seq), layout.slot.resp_seq

@@ -28,8 +28,28 @@ file (``{"format": "offload-test-fake-xclbin", "uuid", "xsa", "kernels": [{"name
 "spec", "cus", "banks"?}]}``; ``"banks": "shared"`` wires every CU to the same banks) naming
 each kernel's kind and spec; it is written by ``write_xclbin`` below. A real one is an axlf.
 
+Host memory and the persistent kernel (what launch="persistent" needs):
+
+- ``bo.flags.host_only`` is bound in every profile (pyxrt.cpp 202110.2.11.634 line 159 ..
+  202610.2.23.244 line 502): such a bo is one array the "kernel" and the host share; ``sync`` on it
+  moves nothing (a cache flush or invalidate, xrt_bo.cpp ``bo_impl::sync`` comment, 2.12 .. 2.23).
+  Allocating one fails while host memory is not reserved (``set_host_memory(False)``: no
+  ``xrt-smi configure --host-mem``).
+- ``xclbin.get_mems`` and ``xclbinmem.get_tag``/``get_index`` from 2.12 (pyxrt.cpp
+  202120.2.12.427 lines 270-275, 293; absent in 202110.2.11.634): the host finds a HOST[0] bank.
+- ``kernel.read_register``/``write_register`` only in 2.11 (pyxrt.cpp 202110.2.11.634 lines
+  144-145); gone from 202120.2.12.427 through 202610.2.23.244. ``xrt::ip`` and ``run.abort`` are
+  never bound. So no profile offload supports offers register access, and a running kernel cannot
+  be stopped from Python except through memory it polls.
+- A kernel entry with ``"ring": {"rows", "slots"}`` is a persistent top (offload.hls.persistent):
+  ``kernel(ring_bo, *resident_bos)`` starts the generated loop, built with g++, in a thread over
+  the bo's device memory (its HOST[0] memory for a ``host_only`` bo; ``"ring_memory": "HOST"``
+  connects the ring port to HOST[0]). The run reads as running until the loop ends on the stop
+  word (COMPLETED); a loop that died (``inject_ring_fault``) never completes, as a hung CU.
+
 Test hooks (not pyxrt API): ``use_profile``, ``set_devices``, ``inject_fault(state | HANG,
-count)``, ``release_hangs``, ``set_run_time(seconds)``, ``stats``, ``cu_runs``, ``warnings_seen``.
+count)``, ``release_hangs``, ``set_run_time(seconds)``, ``set_host_memory(enabled)``,
+``inject_ring_fault(...)``, ``stats``, ``cu_runs``, ``warnings_seen``, ``ring_threads``.
 """
 
 from __future__ import annotations
@@ -141,7 +161,12 @@ _FAULTS: list = []
 _LOCK = threading.Lock()
 _HANG = threading.Event()
 _RUN_TIME = [0.0]
-stats = {"bo_allocs": 0, "runs": 0, "syncs_to_device": 0, "syncs_from_device": 0, "device_opens": 0, "clones": 0, "skipped_args": 0}
+_HOST_MEMORY = [True]
+_RING_FAULTS: list = []
+HOST_BANK = 64  # the mem_topology index of HOST[0] in these xclbins (after the card's banks)
+stats = {"bo_allocs": 0, "runs": 0, "syncs_to_device": 0, "syncs_from_device": 0, "device_opens": 0, "clones": 0, "skipped_args": 0,
+         "host_syncs": 0, "host_only_allocs": 0}
+ring_threads: list = []  # every persistent loop's thread, for the tests to join
 cu_runs: dict[str, int] = {}
 warnings_seen: list[str] = []
 
@@ -156,6 +181,9 @@ def use_profile(version: str) -> None:
     _PROFILE_SET = True
     _V = _vt(version)
     mod = sys.modules[__name__]
+    if _V >= (2, 12):
+        del kernel.read_register
+        del kernel.write_register
     if _V < (2, 23):
         del hw_context.get_xclbin_uuid
     if _V < (2, 17):
@@ -166,6 +194,7 @@ def use_profile(version: str) -> None:
     if _V < (2, 12):
         del mod.xrt_info_device
         del xclbin.get_kernels
+        del xclbin.get_mems
         del device.get_info
 
 
@@ -188,8 +217,24 @@ def set_run_time(seconds: float) -> None:
     _RUN_TIME[0] = float(seconds)
 
 
+def set_host_memory(enabled: bool) -> None:
+    """Whether host memory is reserved for the card (``xrt-smi configure --host-mem ... enable``)."""
+    _HOST_MEMORY[0] = bool(enabled)
+
+
+def inject_ring_fault(*, die_at: int = 0, after_compute: bool = False, delay_permille: int = 0, max_delay_us: int = 0, seed: int = 0) -> None:
+    """The next persistent loop started runs with these C-simulation hooks (offload_ring::Csim):
+    it dies at request ``die_at`` (before computing, or after writing the outputs but not the
+    response word), and/or delays requests at random."""
+    with _LOCK:
+        _RING_FAULTS.append(dict(die_at=die_at, after_compute=after_compute, delay_permille=delay_permille, max_delay_us=max_delay_us, seed=seed))
+
+
 def reset() -> None:
     set_devices(list(_DEFAULT_DEVICES))
+    _HOST_MEMORY[0] = True
+    _RING_FAULTS.clear()
+    ring_threads.clear()
     _FAULTS.clear()
     _HANG.clear()
     _RUN_TIME[0] = 0.0
@@ -254,6 +299,28 @@ class xclbin:
             """``xrt::xclbin::kernel::get_num_args`` (pyxrt.cpp 202120.2.12.427)."""
             return len(self._d.get("args", []))
 
+    class xclbinmem:
+        """``xrt::xclbin::mem``: ``get_tag``, ``get_index``, ``get_base_address``, ``get_size_kb``,
+        ``get_used`` (pyxrt.cpp 202120.2.12.427 lines 270-275)."""
+
+        def __init__(self, index: int = 0, tag: str = "") -> None:
+            self._i, self._tag = index, tag
+
+        def get_tag(self) -> str:
+            return self._tag
+
+        def get_index(self) -> int:
+            return self._i
+
+        def get_base_address(self) -> int:
+            return 0x4000_0000 * self._i
+
+        def get_size_kb(self) -> int:
+            return 256 * 1024
+
+        def get_used(self) -> bool:
+            return True
+
     def __init__(self, filename: str | None = None) -> None:
         self._d = {"kernels": [], "uuid": str(_uuidlib.UUID(int=0)), "xsa": ""}
         if filename is not None:
@@ -270,6 +337,11 @@ class xclbin:
     def get_kernels(self):
         """``.def("get_kernels", &xrt::xclbin::get_kernels)``: from 2.12 (pyxrt.cpp 202120.2.12.427); absent in 2.11."""
         return [xclbin.xclbinkernel(k) for k in self._d["kernels"]]
+
+    def get_mems(self):
+        """``.def("get_mems", &xrt::xclbin::get_mems)``: from 2.12 (pyxrt.cpp 202120.2.12.427 line 293). The
+        mem_topology here: HBM[0..63] (the fake's card banks, see ``kernel.group_id``) and HOST[0]."""
+        return [xclbin.xclbinmem(i, f"HBM[{i}]") for i in range(HOST_BANK)] + [xclbin.xclbinmem(HOST_BANK, "HOST[0]")]
 
     def get_xsa_name(self) -> str:
         """``xrt::xclbin::get_xsa_name`` (pyxrt.cpp 202120.2.12.427)."""
@@ -344,13 +416,26 @@ class device:
         self._tops = {}
 
     def _top(self, entry: dict):
+        """The entry's compiled top and its argument list: the per-call top (``load_top``), or for a
+        ``"ring"`` entry the persistent loop ``offload.hls.persistent`` writes, over the ring
+        layout the xclbin was built for."""
         from offload.hls.ctop import load_top
         from offload.kernels.registry import get_kind
 
         name = entry["name"]
         if name not in self._tops:
             spec = get_kind(entry["kind"]).spec_from_json(entry["spec"])
-            self._tops[name] = load_top(spec)
+            if "ring" in entry:
+                from offload.hls import persistent
+                from offload.hls.registry import KernelArg
+
+                layout = persistent.ring_layout(spec, rows=int(entry["ring"]["rows"]), slots=int(entry["ring"]["slots"]))
+                top = persistent.load(spec, layout)
+                args = [KernelArg(persistent.RING_ARG, "input", np.uint64, persistent.RING_BUNDLE), *persistent.resident_args(spec)]
+                self._tops[name] = (top, args)
+            else:
+                top = load_top(spec)
+                self._tops[name] = (top, list(top.args))
         return self._tops[name]
 
 
@@ -392,8 +477,16 @@ class bo:
             raise _incompatible("bo.__init__")
         if int(size) <= 0:
             raise RuntimeError("bo: size must be > 0")
-        self._host = np.zeros(int(size), dtype=np.uint8)
-        self._dev = np.full(int(size), 0xA5, dtype=np.uint8)  # device memory starts as garbage
+        self._host_only = flags == bo.flags.host_only
+        if self._host_only:
+            # xocl allocates it from the memory `xrt-smi configure --host-mem` reserved.
+            if not _HOST_MEMORY[0]:
+                raise RuntimeError("bo: failed to allocate host_only buffer: host memory is not enabled (xrt-smi configure --host-mem)")
+            self._host = self._dev = _aligned(int(size), 0)  # one memory: the card reads and writes it over PCIe
+            stats["host_only_allocs"] += 1
+        else:
+            self._host = _aligned(int(size), 0)
+            self._dev = _aligned(int(size), 0xA5)  # device memory starts as garbage
         self.group = int(group)
         self._addr = next(_ADDR)
         stats["bo_allocs"] += 1
@@ -424,6 +517,10 @@ class bo:
         if offset + size > self._host.size:
             raise RuntimeError("bo.sync: out of range")
         sl = slice(offset, offset + size)
+        if self._host_only:
+            # No DMA: a cache flush/invalidate (xrt_bo.cpp bo_impl::sync comment, 2.12 .. 2.23).
+            stats["host_syncs"] += 1
+            return
         if direction == xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
             self._dev[sl] = self._host[sl]
             stats["syncs_to_device"] += 1
@@ -446,6 +543,13 @@ class bo:
         return self._addr
 
 
+def _aligned(size: int, fill: int) -> np.ndarray:
+    """``size`` bytes, page-aligned as XRT's buffers are (the ring loop needs 64-byte alignment)."""
+    raw = np.full(size + 4096, fill, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 4096
+    return raw[start: start + size]
+
+
 for _f in bo.flags.__members__.values():  # .export_values()
     setattr(bo, _f.name, _f)
 
@@ -457,17 +561,25 @@ class run:
     ``wait(timeout_ms: unsigned)`` -> ``ERT_CMD_STATE_TIMEOUT`` when it expires (xrt_kernel.h),
     ``state()``; no ``abort``. The outputs reach device memory when the run completes."""
 
-    def __init__(self, end_state=None, done_at: float = 0.0, commit=None, hang: bool = False) -> None:
+    def __init__(self, end_state=None, done_at: float = 0.0, commit=None, hang: bool = False, loop=None) -> None:
         self._end = end_state
         self._done_at = done_at
         self._commit = commit
         self._hang = hang
+        self._loop = loop  # a persistent loop: (thread, ended-on-stop-word event)
         self._lock = threading.Lock()
         self._state = 1 if end_state is None else _RUNNING  # a default-constructed run is NEW
 
     def _poll(self) -> None:
         with self._lock:
             if self._state in _TERMINAL or self._end is None:
+                return
+            if self._loop is not None:
+                thread, stopped = self._loop
+                if stopped.is_set():
+                    self._state = int(ert_cmd_state.ERT_CMD_STATE_COMPLETED)
+                elif not thread.is_alive() and _HANG.is_set():  # a dead loop: hung until released
+                    self._state = int(ert_cmd_state.ERT_CMD_STATE_ABORT)
                 return
             if self._hang and not _HANG.is_set():
                 return
@@ -500,7 +612,9 @@ class run:
             if limit is not None and now >= limit:
                 return ert_cmd_state.ERT_CMD_STATE_TIMEOUT
             until = limit if limit is not None else float("inf")
-            if not self._hang:
+            if self._loop is not None:
+                until = min(until, now + 1e-3)  # poll the loop's thread
+            elif not self._hang:
                 until = min(until, self._done_at)
             if until == float("inf"):  # a hung run and no timeout
                 if not _HANG.wait(10.0):
@@ -559,16 +673,28 @@ class kernel:
             raise RuntimeError(f"No compute units matching '{name}'")
         self._cu_index = cus.index(cu) if cu else 0
         self._dev = dev
-        self._top = dev._top(self._entry)
+        self._top, self._args = dev._top(self._entry)
         self.cu_name = cu or cus[0]
         self._lock = threading.Lock()
+        self._regs: dict[int, int] = {}
+
+    def read_register(self, offset: int) -> int:
+        """``.def("read_register", &xrt::kernel::read_register)``: only in pyxrt.cpp 202110.2.11.634 (line 145)."""
+        return self._regs.get(int(offset), 0)
+
+    def write_register(self, offset: int, value: int) -> None:
+        """``.def("write_register", &xrt::kernel::write_register)``: only in pyxrt.cpp 202110.2.11.634 (line 144)."""
+        self._regs[int(offset)] = int(value)
 
     def group_id(self, index: int) -> int:
-        """``xrt::kernel::group_id(argno)``: the memory bank of a global argument of this CU (pyxrt.cpp 202120.2.12.427)."""
-        a = self._top.args[index]
+        """``xrt::kernel::group_id(argno)``: the memory bank of a global argument of this CU (pyxrt.cpp 202120.2.12.427);
+        ``HOST_BANK`` for the ring port of an entry whose ``"ring_memory"`` is ``"HOST"`` (sp=...:HOST[0])."""
+        a = self._args[index]
         if a.role == "scalar":
             raise RuntimeError(f"group_id: argument {index} is not a global memory argument")
-        bundles = sorted({x.bundle or "" for x in self._top.args if x.role != "scalar"})
+        if "ring" in self._entry and index == 0 and self._entry.get("ring_memory") == "HOST":
+            return HOST_BANK
+        bundles = sorted({x.bundle or "" for x in self._args if x.role != "scalar"})
         # Each CU has its own banks, unless the xclbin entry says its CUs share them
         # ("banks": "shared", as the embedding connectivity maps every CU's tables identically).
         per_cu = 0 if self._entry.get("banks") == "shared" else self._cu_index * 16
@@ -580,10 +706,10 @@ class kernel:
         catch (...) {}``, then ``r.start()``. A bo in another bank: ``validate_ip_arg_connectivity``
         throws in 2.12, ``validate_bo_at_index`` clones it into the connected bank from 2.13
         (xrt_kernel.cpp at 202210.2.13.479)."""
-        top = self._top
-        values: list = [None] * len(top.args)
+        top, targs = self._top, self._args
+        values: list = [None] * len(targs)
         for i, v in enumerate(args):
-            a = top.args[i] if i < len(top.args) else None
+            a = targs[i] if i < len(targs) else None
             if a is None:
                 continue  # set_arg throws for an index the kernel lacks; swallowed
             if isinstance(v, bo) and a.role != "scalar":
@@ -596,7 +722,7 @@ class kernel:
             n = _as_int(v)
             if a.role == "scalar" and n is not None and np.dtype(a.dtype).itemsize <= 4:
                 values[i] = np.dtype(a.dtype).type(n) if np.dtype(a.dtype).kind == "i" or n >= 0 else None
-        for i, a in enumerate(top.args):
+        for i, a in enumerate(targs):
             if values[i] is None:
                 stats["skipped_args"] += 1
                 if a.role == "scalar":
@@ -612,17 +738,58 @@ class kernel:
             return run(fault, done_at)
         if any(v is None for v in values):  # a buffer at address 0: the CU computes nothing useful
             return run(ert_cmd_state.ERT_CMD_STATE_COMPLETED, done_at)
+        if "ring" in self._entry:
+            return self._start_loop(values)
         # The kernel works on scratch copies; they land in device memory when the run completes.
         scratch = [v.copy() if isinstance(v, np.ndarray) else v for v in values]
         with self._lock:
             top(scratch)
 
         def commit() -> None:
-            for a, dst, src in zip(top.args, values, scratch):
+            for a, dst, src in zip(targs, values, scratch):
                 if a.role == "output":
                     dst[...] = src
 
         return run(ert_cmd_state.ERT_CMD_STATE_COMPLETED, done_at, commit)
 
 
+def _start_loop(self, values: list) -> run:
+    """Start the persistent loop on the ring (``values[0]``, device memory) in a daemon thread,
+    as the card's CU runs it: the run stays running until the loop returns on the stop word."""
+    from offload.hls import persistent
+    from offload.kernels.ring import HDR_STOP, STOP
+
+    top = self._top
+    ring = values[0][: top.layout.nbytes]
+    with _LOCK:
+        fault = _RING_FAULTS.pop(0) if _RING_FAULTS else None
+    block = None
+    if fault is not None:
+        block = persistent.Csim(idle_spin_ns=200_000, max_sleep_ns=100_000, seed=fault["seed"], delay_permille=fault["delay_permille"],
+                                max_delay_us=fault["max_delay_us"], die_at=fault["die_at"], die_after_compute=int(fault["after_compute"]))
+    stopped = threading.Event()
+
+    def serve() -> None:
+        top.serve(ring, values[1:], block)
+        # The loop also returns when a fault hook kills it; only the stop word ends it cleanly.
+        if int(ring[HDR_STOP: HDR_STOP + 8].view(np.uint64)[0]) == STOP and not (block is not None and block.die_at and _died(ring, top.layout, block.die_at)):
+            stopped.set()
+
+    t = threading.Thread(target=serve, name=f"fake-xrt-{self.cu_name}", daemon=True)
+    ring_threads.append(t)
+    t.start()
+    return run(ert_cmd_state.ERT_CMD_STATE_COMPLETED, 0.0, loop=(t, stopped))
+
+
+def _died(ring: np.ndarray, layout, die_at: int) -> bool:
+    """Whether the loop returned at its die hook: request ``die_at`` was published but never answered."""
+    from offload.kernels.ring import SLOT_REQ_SEQ
+
+    at = layout.slot_offset(layout.slot_of(die_at))
+    req = int(ring[at + SLOT_REQ_SEQ: at + SLOT_REQ_SEQ + 8].view(np.uint64)[0])
+    resp = int(ring[at + layout.slot.resp_seq: at + layout.slot.resp_seq + 8].view(np.uint64)[0])
+    return req == die_at and resp != die_at
+
+
+kernel._start_loop = _start_loop
 kernel.cu_access_mode = _enum("cu_access_mode", {"exclusive": 0, "shared": 1, "none": 2}, parent=kernel)
