@@ -81,15 +81,19 @@ def advise_risk(card: str, rtl: bool) -> None:
     kernel = f"RTL, {summaries['_0.._5'].latency_cycles} cycles under Verilator" if summaries else "the analytical HLS model"
     print(f"\n## offload.advise, risk MLP 16-32-16-1, card {card}, launch auto, torch threads {torch.get_num_threads()}, "
           f"kernel time from {kernel}\n")
-    print("| batch | host (median) | card per-call (xfer + launch + kernel) | card persistent, MODELLED (xfer + poll + kernel) | auto picks | verdict |")
+    print("| batch | host (median) | card per-call (xfer + launch + kernel) | card persistent, MODELLED (xfer + poll + kernel) "
+          "| auto picks | verdict |")
     print("|---:|---:|---:|---:|---|---|")
     for r in adv.rows:
-        pc, ps = r.modes["per_call"], r.modes["persistent"]
-        print(f"| {r.batch} | {_us(r.host_s)} | {_us(pc['card_s'])} ({_us(pc['transfer_s'])} + {_us(pc['launch_s'])} + {_us(pc['kernel_s'])}) "
-              f"| {_us(ps['card_s'])} ({_us(ps['transfer_s'])} + {_us(ps['launch_s'])} + {_us(ps['kernel_s'])}) | {r.launch} | {r.verdict} |")
+        pc, ps = (_parts(r.modes[m]) for m in ("per_call", "persistent"))
+        print(f"| {r.batch} | {_us(r.host_s)} | {pc} | {ps} | {r.launch} | {r.verdict} |")
     print()
     for n in adv.notes:
         print(f"- {n}")
+
+
+def _parts(m: dict[str, float]) -> str:
+    return f"{_us(m['card_s'])} ({_us(m['transfer_s'])} + {_us(m['launch_s'])} + {_us(m['kernel_s'])})"
 
 
 def _us(s: float) -> str:

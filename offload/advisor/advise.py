@@ -4,7 +4,8 @@ For every offload candidate (found as ``offload.offload`` finds them) and every 
 measured latency on the candidate's current device (torch, median of repeats, inputs resampled from
 what the candidate saw on ``example_inputs``), the predicted card latency in both launch modes
 (``per_call``: buffer syncs + one ``xrt::run``; ``persistent``: a kernel already running that serves
-request slots in host memory, MODELLED, not measured on a card; :mod:`offload.advisor.model`) and
+a ring of request slots, in host memory where the platform reaches it, MODELLED, not measured on a
+card; :mod:`offload.advisor.model`) and
 the predicted resources against the card's budget (:mod:`offload.hls.cards`, datasheet numbers).
 Verdict: ``offload`` when it fits and the card is faster in the chosen launch mode (``launch="auto"``:
 the faster mode at each batch size), else ``keep``, with the numbers.
@@ -237,8 +238,8 @@ def _estimate(c: Candidate, args: tuple, kwargs: dict, batch: int, setup: _Setup
         x = _rows(args[0], batch, gen)
         call = lambda: m(x)  # noqa: E731
         dim = m.embedding_dim
-        pred = {mode: predict_lookup(card, [x.numel()], [_row_bytes(dim, setup.fmt)], x.numel(), dims=[dim], rows_per_table=[m.num_embeddings],
-                                     launch=mode) for mode in LAUNCHES}
+        pred = {mode: predict_lookup(card, [x.numel()], [_row_bytes(dim, setup.fmt)], x.numel(), dims=[dim],
+                                     rows_per_table=[m.num_embeddings], launch=mode) for mode in LAUNCHES}
     else:
         x = _rows(args[0], batch, gen)
         call = lambda: m(x)  # noqa: E731
@@ -314,7 +315,8 @@ def _launch_notes(card: Card, launch: str) -> list[str]:
                  f"poll = one card-memory read ({_us(card.memory.random_read_latency_s)}, assumed)")
     return [
         f"per-call: each buffer synced ({_us(PCIE_TRANSFER_LATENCY_S)} each, assumed) plus bytes over PCIe, and one xrt::run "
-        f"({_us(KERNEL_LAUNCH_S)}; users report {lo * 1e6:.0f}-{hi * 1e6:.0f} us: Xilinx/XRT issues #6601, #8687): the host path offload runs today",
+        f"({_us(KERNEL_LAUNCH_S)}; users report {lo * 1e6:.0f}-{hi * 1e6:.0f} us: Xilinx/XRT issues #6601, #8687): "
+        "the host path offload runs today",
         f"persistent figures are MODELLED, not measured on a card: the kernel is started once and serves a ring of request "
         f"slots ({ring.why}); {parts}",
         f"verdicts use {use} (launch={launch!r})",
@@ -393,7 +395,8 @@ def _together_note(rows: list[Estimate], card: Card, batch: int) -> str | None:
         return None
     total = {k: sum(r.resources[k] for r in chosen) for k in _RES_KEYS}
     ok, over = _fits(card, total)
-    return (f"at batch {batch}, the {len(chosen)} candidate{'s' if len(chosen) != 1 else ''} to offload need{'' if len(chosen) != 1 else 's'} together "
+    n = len(chosen)
+    return (f"at batch {batch}, the {n} candidate{'s' if n != 1 else ''} to offload need{'' if n != 1 else 's'} together "
             + ", ".join(f"{k} {total[k]:.0f}" for k in _RES_KEYS) + ("" if ok else f": over the card's budget ({over})"))
 
 
