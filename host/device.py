@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from offload.kernels.registry import Kernel, Registry
-from offload.sim.errors import DeviceError, DeviceTimeout, InputError  # noqa: F401  (re-exported: defined once in the hierarchy)
+from offload.sim.errors import DeviceError, DeviceTimeout, InputError, UnsupportedError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
 __all__ = [
     "Device",
@@ -34,6 +34,7 @@ __all__ = [
     "DeviceTimeout",
     "DeviceInfo",
     "KernelHandle",
+    "LAUNCH_MODES",
     "Probe",
     "open_device",
     "default_device",
@@ -125,7 +126,11 @@ class Device(Protocol):
         ...
 
 
-DeviceFactory = Callable[[str], Device]
+DeviceFactory = Callable[..., Device]
+# How a device starts its kernels: one run per call, or started once at load and fed through a
+# ring of requests in memory (offload.kernels.ring). A factory lists the modes it takes as
+# ``launch_modes`` (default: per-call only) and gets any other than per-call as ``launch=``.
+LAUNCH_MODES = ("per_call", "persistent")
 DEVICES: Registry[DeviceFactory] = Registry("device backend")
 _DEFAULTS: dict[str, Device] = {}
 _LOCK = threading.Lock()
@@ -157,16 +162,31 @@ def probe_devices() -> list[Probe]:
     return found
 
 
-def open_device(spec: str | None = None) -> Device:
+def open_device(spec: str | None = None, launch: str = "per_call") -> Device:
     """Open a new device from a spec such as ``"sim"``, ``"emu"``, ``"xrt:0"``, ``"pynq:0"``.
 
     ``None`` means ``$OFFLOAD_DEVICE``, else ``"sim"``. Unknown specs raise ``ValueError``.
+    ``launch``: ``"per_call"`` (one kernel run per call) or ``"persistent"`` (kernels started once
+    at load, requests through a ring in memory); a backend without that mode raises
+    :class:`UnsupportedError` saying why (its factory's ``launch_why``, if it gives one).
+
+    Example::
+
+        dev = open_device("emu", launch="persistent")
     """
+    if launch not in LAUNCH_MODES:
+        raise InputError(f"launch: {launch!r} is not one of {list(LAUNCH_MODES)}")
     spec = (spec or os.environ.get("OFFLOAD_DEVICE") or "sim").strip()
     prefix = spec.split(":", 1)[0]
     if prefix not in DEVICES:
         raise InputError(f"device {spec!r}: unknown backend {prefix!r}; known: {DEVICES.names()}")
-    return DEVICES.get(prefix)(spec)
+    factory = DEVICES.get(prefix)
+    if launch == "per_call":
+        return factory(spec)
+    if launch not in getattr(factory, "launch_modes", ("per_call",)):
+        why = getattr(factory, "launch_why", None) or f"the {prefix!r} backend starts a kernel per call only"
+        raise UnsupportedError(f"device {spec!r}: no {launch!r} launch mode: {why}")
+    return factory(spec, launch=launch)
 
 
 def default_device(spec: str | None = None) -> Device:

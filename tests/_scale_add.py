@@ -13,6 +13,7 @@ import numpy as np
 
 from offload.hls.registry import HlsKind, KernelArg, get_hls_kind, register_hls_kind
 from offload.kernels.registry import Kernel, KernelKind, get_kind, register_kind
+from offload.kernels.ring import RING_CAPACITY, register_capacity
 
 KIND = "test_scale_add"
 
@@ -102,6 +103,8 @@ def register() -> None:
         register_hls_kind(
             HlsKind(KIND, _top_name, _sources, _top_args, lambda spec, t: {"bias": np.asarray(t["bias"], dtype=np.int32)}, _pack_inputs, _unpack)
         )
+    if KIND not in RING_CAPACITY:  # a persistent launch's slot: rows x n in, rows x n out
+        register_capacity(KIND, lambda spec, rows: {"x": rows * spec.n, "y": rows * spec.n})
 
 
 register()

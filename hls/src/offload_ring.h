@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #ifndef __SYNTHESIS__
+#include <sched.h>
 #include <time.h>
 #endif
 
@@ -31,6 +32,11 @@ inline void store_release(volatile uint64_t *p, uint64_t v) { *p = v; }
 #else
 inline uint64_t load_acquire(volatile uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline void store_release(volatile uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+// Pure spinning this long, then polls interleaved with sched_yield(). On a quiet host a yield
+// with nothing else runnable returns at once; on a host with fewer free cores than spinning
+// threads (the host thread and the kernel thread share one), it hands the core to the other side.
+static const uint64_t YIELD_AFTER_NS = 5000;
 
 inline uint64_t now_ns() {
     timespec t;
@@ -52,14 +58,17 @@ inline void sleep_ns(uint64_t ns) {
 }
 
 // What C-simulation adds to the loop: how long an idle kernel spins before it sleeps, and the
-// fault hooks the protocol tests use. All zero: spin 1 ms, sleep at most 200 us, no faults.
+// fault hooks the protocol tests use. All zero: spin 1 ms, then sleep 1 us doubling to at most
+// 200 us for the first 100 ms of idleness and 5 ms after that (an idle emulated kernel wakes a few
+// hundred times a second at most), no faults.
 struct Csim {
     uint64_t idle_spin_ns;    // spin this long after the last request before sleeping
     uint64_t max_sleep_ns;    // longest sleep between polls when idle
     uint64_t seed;            // of the delay draws
     uint32_t delay_permille;  // chance per request of a delay before computing
     uint32_t max_delay_us;    // delays are uniform in [0, max_delay_us)
-    uint64_t die_at;          // request number at which the kernel exits without answering (0: never)
+    uint64_t die_at;          // request number at which the kernel exits without answering (0: never;
+                              // one-shot: the loop clears it as it dies, so a restarted ring lives)
     uint64_t die_after_compute;  // 1: exit after computing (outputs written, no response word)
 };
 
@@ -77,8 +86,10 @@ inline void maybe_delay(const Csim *c, uint64_t n) {
     if (r % 1000 < c->delay_permille) sleep_ns((r >> 10) % c->max_delay_us * 1000ull);
 }
 
-inline bool dies_at(const Csim *c, uint64_t n, bool computed) {
-    return c && c->die_at == n && (c->die_after_compute != 0) == computed;
+inline bool dies_at(Csim *c, uint64_t n, bool computed) {
+    if (!c || c->die_at != n || (c->die_after_compute != 0) != computed) return false;
+    c->die_at = 0;
+    return true;
 }
 #endif
 
@@ -105,14 +116,20 @@ inline bool wait_request(volatile uint64_t *ring, volatile uint64_t *req, uint64
             cpu_relax();
         }
         if (load_acquire(ring + HDR_STOP_WORD) == STOP) return false;
-        if (now_ns() - t0 < spin) continue;
+        const uint64_t idle = now_ns() - t0;
+        if (idle < spin) {
+            if (idle > YIELD_AFTER_NS) sched_yield();
+            continue;
+        }
         sleep_ns(nap);
-        if (nap < cap) nap = nap * 2 < cap ? nap * 2 : cap;
+        const uint64_t top = idle < spin + 100000000ull ? cap : (cap > 5000000ull ? cap : 5000000ull);
+        nap = nap * 2 < top ? nap * 2 : top;
     }
 }
 
-// The host's bounded wait: spins on word (acquire loads) for at most spin_ns; 1 when it holds
-// want. The caller backs off (sleeps) between calls and owns the deadline.
+// The host's bounded wait: polls word (acquire loads) for at most spin_ns, yielding the CPU
+// between rounds after the first YIELD_AFTER_NS; 1 when it holds want. The caller backs off
+// (sleeps) between calls and owns the deadline.
 inline int host_wait(volatile uint64_t *word, uint64_t want, uint64_t spin_ns) {
     if (load_acquire(word) == want) return 1;
     const uint64_t t0 = now_ns();
@@ -121,7 +138,9 @@ inline int host_wait(volatile uint64_t *word, uint64_t want, uint64_t spin_ns) {
             if (load_acquire(word) == want) return 1;
             cpu_relax();
         }
-        if (now_ns() - t0 >= spin_ns) return load_acquire(word) == want;
+        const uint64_t t = now_ns() - t0;
+        if (t >= spin_ns) return load_acquire(word) == want;
+        if (t > YIELD_AFTER_NS) sched_yield();
     }
 }
 #endif

@@ -1,4 +1,7 @@
-"""The emu device: the kernels' HLS C++ built with g++, behind card buffer semantics, equal to sim."""
+"""The emu device: the kernels' HLS C++ built with g++, behind card buffer semantics, equal to sim.
+
+Every test that runs a kernel runs in both launch modes: a run per call, and the persistent top
+serving a ring in a thread (bit for bit the same outputs)."""
 
 from __future__ import annotations
 
@@ -12,9 +15,17 @@ from offload.host import DeviceError, open_device
 from offload.host.emu import EmuDevice
 
 
+LAUNCHES = ("per_call", "persistent")
+
+
+@pytest.fixture(scope="module", params=LAUNCHES)
+def launch(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def devs():
-    emu, sim = open_device("emu"), open_device("sim")
+def devs(launch):
+    emu, sim = open_device("emu", launch=launch), open_device("sim")
     yield emu, sim
     emu.close()
     sim.close()
@@ -39,20 +50,26 @@ def test_resident_tensors_are_copied_at_load(devs):
     np.testing.assert_array_equal(emu.run(he, inp)["y"], before)
 
 
+def _device_work(emu) -> tuple:
+    """What a call that reached the device changes: pooled buffers (per call), requests sent (persistent)."""
+    d = emu.info().details
+    return d["buffer_allocations"], d.get("ring", {}).get("requests")
+
+
 def test_invalid_input_refused_before_device_work(devs):
     emu, _ = devs
     k = sa.make_kernel(n=8, scale=3)
     h = emu.load(k)
     emu.run(h, sa.make_inputs(n=8, batch=2))
-    allocs = emu.info().details["buffer_allocations"]
+    before = _device_work(emu)
     with pytest.raises(ValueError, match="x: shape must be"):
         emu.run(h, {"x": np.zeros((2, 7), np.int32)})
     with pytest.raises(TypeError, match="x: integer dtype"):
         emu.run(h, {"x": np.zeros((2, 8), np.float32)})
-    assert emu.info().details["buffer_allocations"] == allocs
+    assert _device_work(emu) == before
 
 
-def test_per_call_buffers_are_pooled(devs):
+def test_per_call_buffers_are_pooled(devs, launch):
     emu, _ = devs
     h = emu.load(sa.make_kernel(n=8, scale=2))
     emu.run(h, sa.make_inputs(n=8, batch=3))
@@ -60,6 +77,8 @@ def test_per_call_buffers_are_pooled(devs):
     for b in (1, 5, 9, 3):  # all within one 4 KiB bucket
         emu.run(h, sa.make_inputs(n=8, batch=b))
     assert emu.info().details["buffer_allocations"] == allocs
+    if launch == "persistent":  # requests go through the ring: no per-call buffers at all
+        assert allocs == 0
 
 
 def test_concurrent_submit_from_threads(devs):
@@ -82,8 +101,8 @@ def test_concurrent_submit_from_threads(devs):
         assert_same(f.result(timeout=60), sim.run(hs, inp))
 
 
-def test_handles_and_close():
-    a, b = EmuDevice("emu"), open_device("sim")
+def test_handles_and_close(launch):
+    a, b = EmuDevice("emu", launch), open_device("sim")
     k = sa.make_kernel()
     ha = a.load(k)
     with pytest.raises(DeviceError, match="does not belong"):
@@ -94,9 +113,9 @@ def test_handles_and_close():
     b.close()
 
 
-def test_bind_rows_is_none_on_a_buffered_device_and_refused_as_run_is():
+def test_bind_rows_is_none_on_a_buffered_device_and_refused_as_run_is(launch):
     """Every call here marshals buffers, so there is no prepared rows call: the caller runs it."""
-    a, b = EmuDevice("emu"), EmuDevice("emu:other")
+    a, b = EmuDevice("emu", launch), EmuDevice("emu:other", launch)
     h = a.load(sa.make_kernel())
     assert a.bind_rows(h) is None and a.bind_rows(h, fp32=True) is None
     with pytest.raises(DeviceError, match="does not belong"):
@@ -153,7 +172,7 @@ def test_sim_equals_emu_over_catalogue(entry, devs):
     assert_same(emu.run(he, case.inputs), sim.run(hs, case.inputs))
 
 
-def test_kernel_that_does_not_compile_is_a_device_error(monkeypatch):
+def test_kernel_that_does_not_compile_is_a_device_error(monkeypatch, launch):
     """A g++ error in a kind's generated C++ surfaces at load as a DeviceError with g++'s own line."""
     from dataclasses import replace
 
@@ -163,7 +182,8 @@ def test_kernel_that_does_not_compile_is_a_device_error(monkeypatch):
     broken = replace(hk, sources=lambda spec: {"bad.cpp": 'extern "C" void f() { undeclared_symbol(); }'})
     monkeypatch.setattr("offload.host._buffered.get_hls_kind", lambda kind: broken)
     monkeypatch.setattr("offload.hls.ctop.get_hls_kind", lambda kind: broken)
-    dev = EmuDevice()
+    monkeypatch.setattr("offload.hls.persistent.get_hls_kind", lambda kind: broken)
+    dev = EmuDevice("emu", launch)
     with pytest.raises(DeviceError, match="(?s)kernel 'sa'.*cannot load on device 'emu'.*undeclared_symbol"):
         dev.load(sa.make_kernel())
     assert dev.info().details["kernels"] == []
