@@ -113,6 +113,11 @@ class PynqDevice(BufferedDevice):
     """An Alveo card through PYNQ 3.0; see the module doc."""
 
     kind = "pynq"
+    # open_device(spec, launch="persistent") is refused with this reason (host.device.open_device).
+    launch_why = ("PYNQ 3.0 allocates card-memory buffers only (pynq/pl_server/xrt_device.py allocate_bo: "
+                  "XCL_BO_DEVICE_RAM, no host_only flag), so no ring in host memory, and this backend does not drive the "
+                  "card-memory ring through PYNQ's wait handles; open the same card and xclbin as "
+                  "open_device('xrt:0', launch='persistent')")
 
     def __init__(self, spec: str = "pynq") -> None:
         super().__init__(spec)

@@ -63,8 +63,9 @@ per-call top, else it is refused naming the field and the limit. ``close`` drain
 new request, waits for those in flight, then stores the stop word and waits (bounded) for the
 loop's run to complete. Persistence is refused with :class:`UnsupportedError` naming the reason
 where it cannot work: a pyxrt without host-only buffers, ``map`` or ``xclbin.get_mems``, no C++
-compiler for the ring's acquire/release helpers, an xclbin without the persistent top, host
-memory not reserved for a ring the xclbin put there.
+compiler for the ring's acquire/release helpers, an xclbin without the persistent top; host
+memory not reserved for a ring the xclbin put there is a :class:`DeviceError` at load that says
+how to reserve it.
 
 Example::
 
@@ -470,7 +471,7 @@ class XrtDevice(BufferedDevice):
                 except RuntimeError as e:
                     if not host:
                         raise
-                    raise UnsupportedError(
+                    raise DeviceError(
                         f"kernel {loaded.kernel.name!r}: its persistent top keeps the ring in host memory (HOST[0]) and XRT cannot allocate "
                         f"it: {e}; reserve host memory first (`sudo xrt-smi configure --host-mem -d <bdf> --size 1G enable`, "
                         "`xbutil` on older XRT) or open the device with launch='per_call'") from e
