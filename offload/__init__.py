@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 # name -> module that defines it; resolved lazily by __getattr__ (PEP 562).
 _LAZY = {
     "nn": "offload.nn",
+    "plan": "offload.plan",
     "save": "offload.host.bundle",
     "load": "offload.host.bundle",
     "offload": "offload.partition",
