@@ -7,19 +7,32 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from _host_util import assert_same, fakes, install_fakes, pynq_fakes, sa  # noqa: F401
 
 from offload.hls import persistent
-from offload.hls.registry import get_hls_kind
+from offload.hls.registry import get_hls_kind, register_hls_kind
 from offload.host import DeviceError, DeviceTimeout, open_device
+from offload.kernels.registry import get_kind, register_kind
 from offload.kernels.ring import RING_CAPACITY, register_capacity
 from offload.sim.errors import InputError, UnsupportedError
 
-if sa.KIND not in RING_CAPACITY:  # the private test kind: a slot holds `rows` rows of x and y
-    register_capacity(sa.KIND, lambda spec, rows: {"x": rows * spec.n, "y": rows * spec.n})
+# The private test kind with a ring capacity, under its own name, so that the kinds other tests
+# build projects from keep theirs (none): a slot holds `rows` rows of x and y.
+RING_KIND = "test_scale_add_ring"
+if RING_KIND not in RING_CAPACITY:
+    _k, _hk = get_kind(sa.KIND), get_hls_kind(sa.KIND)
+    register_kind(replace(_k, name=RING_KIND, spec_from_json=lambda d: sa.ScaleAddSpec(int(d["n"]), int(d["scale"]), kind=RING_KIND)))
+    register_hls_kind(replace(_hk, name=RING_KIND))
+    register_capacity(RING_KIND, lambda spec, rows: {"x": rows * spec.n, "y": rows * spec.n})
+
+
+def _kernel(name="sa", n=8, scale=3, seed=0):
+    k = sa.make_kernel(name, n=n, scale=scale, seed=seed)
+    return replace(k, spec=sa.ScaleAddSpec(n, scale, kind=RING_KIND))
 
 PLATFORM = "xilinx_u55c_gen3x16_xdma_3_202210_1"
 
@@ -67,7 +80,7 @@ def _open(b, name="sa"):
 def test_persistent_calls_equal_sim_with_one_run(fakes, tmp_path, memory):
     """One xrt::run at load and none per call; every answer is the sim device's on the same inputs."""
     pyxrt, _ = fakes
-    b = _bundle(tmp_path, [sa.make_kernel("sa", n=8, scale=3)], ring_memory=memory)
+    b = _bundle(tmp_path, [_kernel()], ring_memory=memory)
     want = _sim(b, "sa")
     dev, h = _open(b)
     runs, dma_to = pyxrt.stats["runs"], pyxrt.stats["syncs_to_device"]
@@ -108,8 +121,6 @@ def _mlp_kernel():
 
 @pytest.mark.parametrize("make", [_embedding_kernel, _mlp_kernel], ids=["embedding", "mlp"])
 def test_real_kinds_run_persistent_like_sim(fakes, tmp_path, make):
-    from offload.kernels.registry import get_kind
-
     k = make()
     b = _bundle(tmp_path, [k])
     want = _sim(b, k.name)
@@ -125,7 +136,7 @@ def test_threads_get_their_own_answers(fakes, tmp_path):
     """Several threads, more requests in flight than slots: every answer is the sim answer to that
     thread's own inputs (a swapped answer differs: every request's inputs are distinct)."""
     pyxrt, _ = fakes
-    b = _bundle(tmp_path, [sa.make_kernel("sa", n=8, scale=3)], ring_cus=2)
+    b = _bundle(tmp_path, [_kernel()], ring_cus=2)
     want = _sim(b, "sa")
     dev, h = _open(b)
     bad, done = [], []
@@ -153,7 +164,7 @@ def test_threads_get_their_own_answers(fakes, tmp_path):
 @pytest.mark.parametrize("after_compute", [False, True], ids=["dies-before", "outputs-but-no-word"])
 def test_a_silent_loop_times_out_and_the_device_is_reopened(fakes, tmp_path, after_compute):
     pyxrt, _ = fakes
-    b = _bundle(tmp_path, [sa.make_kernel("sa", n=8, scale=3)])
+    b = _bundle(tmp_path, [_kernel()])
     want = _sim(b, "sa")
     pyxrt.inject_ring_fault(die_at=3, after_compute=after_compute)
     dev, h = _open(b)
@@ -178,7 +189,7 @@ def test_without_a_timeout_a_call_still_has_a_deadline(fakes, tmp_path, monkeypa
 
     pyxrt, _ = fakes
     monkeypatch.setattr(hx, "PERSISTENT_TIMEOUT_S", 0.3)
-    b = _bundle(tmp_path, [sa.make_kernel("sa", n=8, scale=3)])
+    b = _bundle(tmp_path, [_kernel()])
     pyxrt.inject_ring_fault(die_at=1)
     dev, h = _open(b)
     t0 = time.monotonic()
@@ -192,7 +203,7 @@ def test_a_late_answer_never_reaches_another_request(fakes, tmp_path):
     """The loop answers request 1 late (after its deadline): the caller gets DeviceTimeout, and the
     requests after it get their own answers from a new ring, never request 1's."""
     pyxrt, _ = fakes
-    b = _bundle(tmp_path, [sa.make_kernel("sa", n=8, scale=3)])
+    b = _bundle(tmp_path, [_kernel()])
     want = _sim(b, "sa")
     # Every request of the first loop waits up to 0.4 s before it computes.
     pyxrt.inject_ring_fault(delay_permille=1000, max_delay_us=400_000, seed=3)
@@ -215,7 +226,7 @@ def test_others_waiting_on_an_abandoned_ring_fail_with_an_error(fakes, tmp_path)
     """Requests queued behind one that never answers: each is answered or fails with a DeviceError,
     and the counts add up."""
     pyxrt, _ = fakes
-    b = _bundle(tmp_path, [sa.make_kernel("sa", n=8, scale=3)])
+    b = _bundle(tmp_path, [_kernel()])
     want = _sim(b, "sa")
     pyxrt.inject_ring_fault(die_at=5)
     dev, h = _open(b)
@@ -243,7 +254,7 @@ def test_others_waiting_on_an_abandoned_ring_fail_with_an_error(fakes, tmp_path)
 
 def test_close_during_traffic_drains_then_stops(fakes, tmp_path):
     pyxrt, _ = fakes
-    b = _bundle(tmp_path, [sa.make_kernel("sa", n=8, scale=3)])
+    b = _bundle(tmp_path, [_kernel()])
     want = _sim(b, "sa")
     dev, h = _open(b)
     ok, refused, wrong = [], [], []
@@ -277,7 +288,7 @@ def test_close_during_traffic_drains_then_stops(fakes, tmp_path):
 
 # -- refusals -------------------------------------------------------------------------------------
 def test_a_bundle_without_the_persistent_top_is_refused(fakes, tmp_path):
-    b = _bundle(tmp_path, [sa.make_kernel("sa", n=8, scale=3)], ring=False)
+    b = _bundle(tmp_path, [_kernel()], ring=False)
     dev = open_device("xrt:0", launch="persistent")
     with pytest.raises(UnsupportedError, match=r"needs the persistent top 'test_scale_add_n8_s3_ring'.*offload build") as ei:
         dev.load_bundle(b)
@@ -290,7 +301,7 @@ def test_a_bundle_without_the_persistent_top_is_refused(fakes, tmp_path):
 
 def test_host_memory_not_reserved_is_refused(fakes, tmp_path):
     pyxrt, _ = fakes
-    b = _bundle(tmp_path, [sa.make_kernel("sa", n=8, scale=3)], ring_memory="HOST")
+    b = _bundle(tmp_path, [_kernel()], ring_memory="HOST")
     pyxrt.set_host_memory(False)
     with pytest.raises(DeviceError, match=r"host memory \(HOST\[0\]\).*xrt-smi configure --host-mem"):
         open_device("xrt:0", launch="persistent").load_bundle(b)
@@ -322,14 +333,14 @@ def test_a_request_larger_than_a_slot(fakes, tmp_path):
     rows = persistent.DEFAULT_ROWS + 1
     inp = sa.make_inputs(n=8, batch=rows)
     (tmp_path / "both").mkdir()
-    b = _bundle(tmp_path / "both", [sa.make_kernel("sa", n=8, scale=3)])
+    b = _bundle(tmp_path / "both", [_kernel()])
     dev, h = _open(b)
     runs = pyxrt.stats["runs"]
     assert_same(dev.run(h, inp, timeout=5), _sim(b, "sa")(inp))
     assert pyxrt.stats["runs"] == runs + 1
     dev.close()
     (tmp_path / "ring").mkdir()
-    b2 = _bundle(tmp_path / "ring", [sa.make_kernel("sa", n=8, scale=3)], per_call=False)
+    b2 = _bundle(tmp_path / "ring", [_kernel()], per_call=False)
     dev2, h2 = _open(b2)
     before = dict(pyxrt.stats)
     with pytest.raises(InputError, match=rf"x: {rows * 8} elements exceed the ring slot's {persistent.DEFAULT_ROWS * 8}"):
