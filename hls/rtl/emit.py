@@ -22,7 +22,7 @@ modes are accepted only where the cast cannot round (or overflow) at all.
 Example::
 
     design = trace_spec(spec, tensors, clock_mhz=300)
-    write_design(design, "build/risk_rtl")     # src/*.v, src/memfiles/*.mem, offload_top.v
+    write_design(design, "build/risk_rtl")     # src/*.v, src/memfiles/*.mem, offload_top.v, offload_stream.v
 """
 
 from __future__ import annotations
@@ -36,11 +36,13 @@ from typing import Mapping
 
 import numpy as np
 
+from offload.hls.rtl import stream
 from offload.sim.errors import InputError, ToolError, UnsupportedError
 from offload.sim.fixed import FixedType, mul_type
 from offload.sim.mlp import MlpLayer, forward
 
-__all__ = ["Design", "trace_spec", "write_design", "latency_cutoff", "TOP", "MAX_TABLE_ENTRIES", "ADDER_LEVELS_PER_NS"]
+__all__ = ["Design", "trace_spec", "write_design", "latency_cutoff", "layer_stages", "TOP", "MAX_TABLE_ENTRIES",
+           "ADDER_LEVELS_PER_NS"]
 
 TOP = "offload_top"
 NET = "offload_net"
@@ -73,6 +75,8 @@ class Design:
     out_bits: int  # per output lane in the uniform wrapper port
     out_frac: int  # LSB of the uniform output lanes is 2**-out_frac
     out_signed: bool
+    # (layer name, adder levels from the input to the layer's slowest output), in layer order.
+    layer_levels: tuple[tuple[str, float], ...] = ()
 
     @property
     def stages(self) -> int:
@@ -210,7 +214,12 @@ def _table_layer(layer: MlpLayer, xt: FixedType, x):
     return FixedVariableArray(np.array(outs, dtype=object).reshape(x._vars.shape), x.solver_options)
 
 
-def _trace_layers(spec, tensors: Mapping[str, np.ndarray], cutoff: float, exact_accumulation: bool):
+def _levels(x) -> float:
+    """Adder levels (da4ml's latency unit) from the network's input to the slowest of ``x``."""
+    return max((float(v.latency) for v in x._vars.ravel()), default=0.0)
+
+
+def _trace_layers(spec, tensors: Mapping[str, np.ndarray], cutoff: float, exact_accumulation: bool, levels: list | None = None):
     from da4ml.trace import FixedVariableArray, HWConfig
 
     hw = HWConfig(1, -1, cutoff)
@@ -252,7 +261,21 @@ def _trace_layers(spec, tensors: Mapping[str, np.ndarray], cutoff: float, exact_
         else:
             raise UnsupportedError(f"{what}: no RTL mapping")
         t = rt
+        if levels is not None:
+            levels.append((layer.name, _levels(x)))
     return x_in, x
+
+
+def layer_stages(layer_levels, cutoff: float) -> list[tuple[str, int]]:
+    """Pipeline stages each layer adds: da4ml puts an operation in stage ``floor(levels / cutoff)``
+    (da4ml 0.5.2 trace/pipeline.py ``get_stage``), so a layer ending at ``levels`` closes that
+    stage; the count is before da4ml's retiming, which moves registers but keeps the total."""
+    out, done = [], 0
+    for name, lv in layer_levels:
+        end = int(np.floor(float(lv) / (cutoff + 1e-9))) + 1
+        out.append((name, max(end - done, 0)))
+        done = max(done, end)
+    return out
 
 
 def trace_spec(spec, tensors: Mapping[str, np.ndarray], *, clock_mhz: float = 300.0, exact_accumulation: bool = False,
@@ -269,7 +292,8 @@ def trace_spec(spec, tensors: Mapping[str, np.ndarray], *, clock_mhz: float = 30
         cutoff = latency_cutoff(clock_mhz)
     elif not isinstance(cutoff, (int, float)) or not 1 <= cutoff <= 1000:
         raise InputError(f"latency_cutoff must be 1..1000 adder levels, got {cutoff!r}")
-    x_in, y = _trace_layers(spec, tensors, cutoff, exact_accumulation)
+    levels: list[tuple[str, float]] = []
+    x_in, y = _trace_layers(spec, tensors, cutoff, exact_accumulation, levels)
     comb = comb_trace(x_in, y, keep_dead_inputs=True)
     pipe = to_pipeline(comb, cutoff, verbose=False)
     kin = [_minimal_kif(q) for q in pipe.inp_qint]
@@ -280,7 +304,7 @@ def trace_spec(spec, tensors: Mapping[str, np.ndarray], *, clock_mhz: float = 30
     if in_bits != t_in.W or max(ff for _, _, ff in kin) != t_in.F:
         raise ToolError(f"da4ml narrowed the input lanes to {kin[0]}, expected {_kif(t_in)} (the testbench feeds whole input codes)")
     return Design(pipe, spec.n_features, spec.n_outputs, t_in, FixedType.parse(spec.output_type), float(clock_mhz), cutoff,
-                  in_bits, max(out_bits, 1), max(ff for _, _, ff in kout), any(kk for kk, _, _ in kout))
+                  in_bits, max(out_bits, 1), max(ff for _, _, ff in kout), any(kk for kk, _, _ in kout), tuple(levels))
 
 
 def top_verilog(d: Design) -> str:
@@ -313,24 +337,39 @@ def warm() -> None:
     trace_spec(spec, spec.tensors())
 
 
-def write_design(d: Design, out_dir: str | Path) -> dict[str, object]:
-    """Write da4ml's Verilog project and our top into ``out_dir``; returns the metadata written."""
+def write_design(d: Design, out_dir: str | Path, *, tag_bits: int = stream.TAG_BITS) -> dict[str, object]:
+    """Write da4ml's Verilog project and our two tops (``offload_top``: a valid line; ``offload_stream``:
+    AXI4-Stream ports, ``tag_bits`` of request tag) into ``out_dir``; returns the metadata written."""
     from da4ml.codegen import VerilogModel
 
+    stream.check_tag_bits(tag_bits)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = VerilogModel(d.pipeline, NET, out, latency_cutoff=d.cutoff, print_latency=False, clock_period=1000.0 / d.clock_mhz,
                          part_name="xcu55c-fsvh2892-2L-e")
     meta = {"stages": d.stages, "pipeline_depth": d.pipeline_depth, "clock_mhz": d.clock_mhz, "latency_cutoff": d.cutoff,
             "da4ml_cost_lut": d.cost, "da4ml_reg_bits": d.reg_bits, "in_bits": d.in_bits, "out_bits": d.out_bits,
-            "out_frac": d.out_frac, "out_signed": d.out_signed, "n_in": d.n_in, "n_out": d.n_out}
+            "out_frac": d.out_frac, "out_signed": d.out_signed, "n_in": d.n_in, "n_out": d.n_out,
+            "layer_levels": [[n, lv] for n, lv in d.layer_levels],
+            "layer_stages": [[n, k] for n, k in layer_stages(d.layer_levels, d.cutoff)],
+            "tag_bits": tag_bits, "fifo_depth": stream.fifo_depth(d.pipeline_depth)}
+    meta["stream_latency"] = stream.claimed_latency(meta)
+    meta["stream_ii"] = stream.CLAIMED_II
     model.write(metadata=dict(meta))
     (out / "src" / f"{TOP}.v").write_text(top_verilog(d))
+    (out / "src" / f"{stream.STREAM_TOP}.v").write_text(stream.stream_verilog(meta, NET))
     (out / "offload_rtl.json").write_text(json.dumps(meta, sort_keys=True))
     return meta
 
 
-def verilog_sources(out_dir: str | Path) -> list[Path]:
-    """The Verilog files of a written design, in a stable order (static cells, stages, wrapper, top)."""
+TOPS = (TOP, stream.STREAM_TOP)
+
+
+def verilog_sources(out_dir: str | Path, top: str | None = TOP) -> list[Path]:
+    """The Verilog files of a written design in a stable order: static cells, da4ml's stages and
+    wrapper, then ``top``'s own file (``None``: the network alone, its top ``offload_net_wrapper``)."""
+    if top is not None and top not in TOPS:
+        raise InputError(f"top must be one of {TOPS}, got {top!r}")
     src = Path(out_dir) / "src"
-    return sorted((src / "static").glob("*.v")) + sorted(p for p in src.glob("*.v"))
+    net = sorted(p for p in src.glob("*.v") if p.stem not in TOPS)
+    return sorted((src / "static").glob("*.v")) + net + ([src / f"{top}.v"] if top is not None else [])

@@ -42,7 +42,7 @@ from offload.hls.rtl import emit
 from offload.hls.rtl.tools import verilator
 from offload.sim.errors import BuildError, CSimError, InputError
 
-__all__ = ["testbench_cpp", "build", "run", "pack", "unpack", "VERILATOR_FLAGS", "X_INITIAL", "rtl_cache_dir"]
+__all__ = ["testbench_cpp", "build", "build_top", "run", "pack", "unpack", "VERILATOR_FLAGS", "X_INITIAL", "rtl_cache_dir"]
 
 VERILATOR_FLAGS = ("--cc", "--exe", "--build", "-O3", "--x-assign", "fast", "--x-initial", "fast", "-Wno-fatal", "-Wno-lint", "-Wno-style")
 # Verilator's --x-initial choices this module builds with: all zeros, or values drawn at run time.
@@ -145,16 +145,21 @@ def build(design_dir: str | Path, meta: Mapping[str, object], *, jobs: int = 2, 
 
     ``x_initial``: ``"fast"`` (every register starts at 0) or ``"unique"`` (initial values drawn
     when :func:`run` is given a ``seed``)."""
+    return build_top(design_dir, emit.TOP, testbench_cpp(meta), jobs=jobs, timeout=timeout, x_initial=x_initial)
+
+
+def build_top(design_dir: str | Path, top: str, testbench: str, *, jobs: int = 2, timeout: float = 900.0,
+              x_initial: str = "fast") -> Path:
+    """Verilate ``top`` of a written design with the C++ ``testbench``; returns the cached executable."""
     if x_initial not in X_INITIAL:
         raise InputError(f"x_initial: must be one of {X_INITIAL}, got {x_initial!r}")
     tool = verilator()
     d = Path(design_dir)
-    vfiles = emit.verilog_sources(d)
+    vfiles = emit.verilog_sources(d, top)
     mems = sorted((d / "src" / "memfiles").glob("*"))
-    tb = testbench_cpp(meta)
     i = VERILATOR_FLAGS.index("--x-initial")
-    flags = VERILATOR_FLAGS[:i + 1] + (x_initial,) + VERILATOR_FLAGS[i + 2:] + ("-CFLAGS", CXX_FLAGS, "--top-module", emit.TOP)
-    files = [(p.name, p.read_bytes()) for p in vfiles + mems] + [("tb.cpp", tb.encode())]
+    flags = VERILATOR_FLAGS[:i + 1] + (x_initial,) + VERILATOR_FLAGS[i + 2:] + ("-CFLAGS", CXX_FLAGS, "--top-module", top)
+    files = [(p.name, p.read_bytes()) for p in vfiles + mems] + [("tb.cpp", testbench.encode())]
     key = _key(files, flags, tool.version())
     out_dir = rtl_cache_dir() / key
     exe = out_dir / "tb"
@@ -166,7 +171,7 @@ def build(design_dir: str | Path, meta: Mapping[str, object], *, jobs: int = 2, 
     with open(out_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not exe.is_file():
-            _verilate(tool, d, vfiles, tb, flags, jobs, timeout, out_dir, exe)
+            _verilate(tool, d, vfiles, testbench, flags, jobs, timeout, out_dir, exe)
     return exe
 
 

@@ -27,11 +27,13 @@ RESOURCE_KEYS = ("LUT", "FF", "CARRY", "DSP", "BRAM")
 _CELL = re.compile(r"^\s+(\S+)\s+(\d+)\s*$")
 
 
-def synth_script(files: list[Path], top: str, stat_path: Path) -> str:
+def synth_script(files: list[Path], top: str, stat_path: Path, keep_ram: str | None = None) -> str:
+    """``keep_ram``: a module whose memories stay RAM (the stream top's FIFO, LUT RAM)."""
     reads = "\n".join(f"read_verilog -defer {f}" for f in files)
     # da4ml's lookup tables ask for distributed ROM, which Yosys 0.23 cannot map for xcup ("no valid
     # mapping found for memory"): turn the ROMs into logic first, which is what a LUT ROM is.
-    return (f"{reads}\nhierarchy -top {top}\nproc\nmemory -nomap\nmemory_map\n"
+    rom = "memory_map" if keep_ram is None else f"memory_map {keep_ram} %n"
+    return (f"{reads}\nhierarchy -top {top}\nproc\nmemory -nomap\n{rom}\n"
             f"synth_xilinx -family xcup -flatten -top {top}\ntee -q -o {stat_path} stat\n")
 
 
@@ -68,16 +70,18 @@ def parse_stat(text: str) -> dict[str, float]:
     return {k: (int(v) if float(v).is_integer() else v) for k, v in out.items()}
 
 
-def synthesize(design_dir: str | Path, *, timeout: float = 1800.0) -> dict[str, float]:
-    """Synthesise the network (without the testbench's valid line) and count its resources."""
+def synthesize(design_dir: str | Path, *, top: str | None = None, timeout: float = 1800.0) -> dict[str, float]:
+    """Synthesise the network and count its resources: ``top=None`` the network alone (without the
+    testbench's valid line), ``top="offload_stream"`` with its stream ports, tag line and FIFO."""
     cmd = yosys()
     d = Path(design_dir).resolve()
-    files = [p.resolve() for p in emit.verilog_sources(d) if p.stem != emit.TOP]
-    top = f"{emit.NET}_wrapper"
-    work = d / "yosys"
-    script = synth_script(files, top, work / "stat.txt")
+    files = [p.resolve() for p in emit.verilog_sources(d, top)]
+    work = d / ("yosys" if top is None else f"yosys_{top}")
+    keep_ram = top
+    top = f"{emit.NET}_wrapper" if top is None else top
+    script = synth_script(files, top, work / "stat.txt", keep_ram)
     # Keyed by content, not paths: the same network written elsewhere hits the cache.
-    h = hashlib.sha256(synth_script([Path(p.name) for p in files], top, Path("stat.txt")).encode() + " ".join(cmd).encode())
+    h = hashlib.sha256(synth_script([Path(p.name) for p in files], top, Path("stat.txt"), keep_ram).encode() + " ".join(cmd).encode())
     for p in files + sorted((d / "src" / "memfiles").glob("*")):
         h.update(p.name.encode() + hashlib.sha256(p.read_bytes()).digest())
     cached = rtl_cache_dir() / "yosys" / (h.hexdigest()[:24] + ".json")
