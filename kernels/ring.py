@@ -154,8 +154,9 @@ class SlotLayout:
 
     @property
     def input_bytes(self) -> int:
-        """Bytes the host writes for one request (scalars and inputs, padded)."""
-        return sum(align(f.nbytes) for f in self.fields if f.role != "output")
+        """Bytes the host writes for one request (the scalars' lines and the inputs, padded)."""
+        scalars = sum(8 for f in self.fields if f.role == "scalar")
+        return align(scalars) + sum(align(f.nbytes) for f in self.fields if f.role == "input")
 
     @property
     def output_bytes(self) -> int:
