@@ -34,7 +34,7 @@ import torch.nn as nn
 import offload
 from offload.quant.metrics import auc
 
-__all__ = ["DLRMConfig", "DLRM", "ClickData", "make_clicks", "build", "run", "DLRMResult", "TorchRecDLRM", "run_torchrec"]
+__all__ = ["DLRMConfig", "DLRM", "ClickData", "make_clicks", "build", "build_with_data", "run", "DLRMResult", "TorchRecDLRM", "run_torchrec"]
 
 
 @dataclass(frozen=True)
@@ -233,8 +233,9 @@ def train(model: DLRM, data: ClickData, steps: int, batch: int = 1024, lr: float
     return model.eval()
 
 
-def build(small: bool = False, seed: int = 0, n_train: int | None = None, steps: int | None = None) -> tuple[DLRM, Callable[[int, int], ClickData]]:
-    """A trained DLRM and ``make(n, seed) -> ClickData`` drawing from the same teacher."""
+def build_with_data(small: bool = False, seed: int = 0, n_train: int | None = None, steps: int | None = None
+                    ) -> tuple[DLRM, Callable[[int, int], ClickData], ClickData]:
+    """:func:`build` and the training impressions (calibration data comes from them)."""
     cfg = DLRMConfig.small() if small else DLRMConfig()
     torch.manual_seed(seed)
     model = DLRM(cfg)
@@ -242,11 +243,20 @@ def build(small: bool = False, seed: int = 0, n_train: int | None = None, steps:
     n_train = n_train or (16_384 if small else 65_536)
     data = make_clicks(cfg, n_train, seed=seed + 1, teacher=teacher)
     train(model, data, steps if steps is not None else (150 if small else 100), seed=seed)
-    return model, (lambda n, s: make_clicks(cfg, n, seed=s, teacher=teacher))
+    return model, (lambda n, s: make_clicks(cfg, n, seed=s, teacher=teacher)), data
+
+
+def build(small: bool = False, seed: int = 0, n_train: int | None = None, steps: int | None = None) -> tuple[DLRM, Callable[[int, int], ClickData]]:
+    """A trained DLRM and ``make(n, seed) -> ClickData`` drawing from the same teacher."""
+    model, make, _ = build_with_data(small, seed, n_train, steps)
+    return model, make
 
 
 @dataclass
 class DLRMResult:
+    """AUCs are on the test impressions, which neither calibration nor the budget search saw;
+    ``report.budget`` is the figure on the holdout the search used."""
+
     report: Any
     comparison: Any
     auc_float: float
@@ -256,57 +266,107 @@ class DLRMResult:
     offloaded: Any = field(repr=False, default=None)
     model: Any = field(repr=False, default=None)
     test_data: Any = field(repr=False, default=None)
+    n_calib: int = 0
 
     def summary(self) -> str:
         c = self.comparison
-        return (f"DLRM: {len(self.report.offloaded)} tables offloaded ({len(self.report.batches)} table-batched call), "
-                f"dense part on {self.outputs_device}; output cosine {c.min_cosine:.6f}, max |err| {c.max_abs_err:.2e}; "
-                f"AUC float {self.auc_float:.4f} -> offloaded {self.auc_offload:.4f} on {self.n_eval} impressions")
+        tables = calls = 0
+        for k in self.offloaded.offload_kernels() if hasattr(self.offloaded, "offload_kernels") else ():
+            n = len(getattr(k.spec, "tables", ()))
+            tables += n
+            calls += n > 1
+        chains = sum(d.offloaded and d.kind == "mlp" for d in self.report.decisions)
+        what = f"{tables} table{'s' * (tables != 1)} offloaded ({calls} table-batched call{'s' * (calls != 1)})"
+        if chains:
+            what += f", {chains} MLP chain{'s' * (chains != 1)}"
+        budget = ""
+        if self.report.budget is not None:
+            b = self.report.budget
+            lim = "" if b["limit"] is None else f" <= {b['limit']:g}: {'met' if b['met'] else 'NOT met'}"
+            budget = f"; held-out {b['metric']} {b['measured']:.4g}{lim}"
+        return (f"DLRM: {what}, the rest on {self.outputs_device}; output cosine {c.min_cosine:.6f}, max |err| {c.max_abs_err:.2e}; "
+                f"calibrated on {self.n_calib} training impressions{budget}; "
+                f"AUC float {self.auc_float:.4f} -> offloaded {self.auc_offload:.4f} on {self.n_eval} test impressions")
+
+
+def _holdout(batches: list[ClickData], inputs: Callable[[ClickData], tuple]) -> tuple[list[tuple], torch.Tensor]:
+    return [inputs(b) for b in batches], torch.cat([b.labels for b in batches])
 
 
 def run(small: bool = False, device: str = "sim", dense_device: str = "cpu", n_eval: int = 4096, fmt: str = "ap_fixed<16,6>",
-        seed: int = 0, steps: int | None = None) -> DLRMResult:
-    """Train the DLRM, offload its tables (dense part stays on ``dense_device``), compare with float.
+        seed: int = 0, steps: int | None = None, ops: tuple[str, ...] = ("embedding_bag",), budget: dict | None = None,
+        precision: Any = "auto") -> DLRMResult:
+    """Train the DLRM, offload its tables (and MLPs when ``ops`` says so; the rest stays on
+    ``dense_device``), compare with float on test impressions.
+
+    MLP chains calibrate on training impressions; ``budget`` (e.g. ``{"auc_drop": 0.001}``) is
+    held on ``n_eval`` held-out impressions; the AUCs are on another ``n_eval`` test impressions.
 
     Example::
 
         res = run(small=True); print(res.summary())
     """
 
-    model, make = build(small=small, seed=seed, steps=steps)
+    model, make, train_data = build_with_data(small=small, seed=seed, steps=steps)
     model = model.to(dense_device)
+    calib = [b.to(dense_device).inputs for b in train_data.batches(512)[:4]]
     test = make(n_eval, seed + 7).to(dense_device)
-    gm = offload.offload(model, test.batches(256)[0].inputs, ops=("embedding_bag",), device=device, fmt=fmt)
+    holdout = None
+    if budget is not None:
+        holdout = _holdout(make(n_eval, seed + 5).to(dense_device).batches(1024), lambda b: b.inputs)
+    gm = offload.offload(model, calib[0], ops=ops, calib=calib, device=device, fmt=fmt, precision=precision,
+                         holdout=holdout, budget=budget)
     cmp = offload.compare(model, gm, test.inputs)
     with torch.no_grad():
         p_float = model(*test.inputs)
         p_off = gm(*test.inputs)
     return DLRMResult(gm.offload_report, cmp, auc(test.labels.cpu(), p_float.cpu()), auc(test.labels.cpu(), p_off.cpu()),
-                      str(p_off.device), n_eval, gm, model, test)
+                      str(p_off.device), n_eval, gm, model, test, n_calib=512 * len(calib))
 
 
 def run_torchrec(small: bool = False, device: str = "sim", n_eval: int = 4096, fmt: str = "ap_fixed<16,6>", seed: int = 0,
-                 steps: int | None = None, trained: tuple[DLRM, ClickData] | None = None,
-                 ops: tuple[str, ...] = ("embedding_bag", "mlp")) -> DLRMResult:
+                 steps: int | None = None, trained: tuple | None = None,
+                 ops: tuple[str, ...] = ("embedding_bag", "mlp"), budget: dict | None = None, precision: Any = "auto") -> DLRMResult:
     """:func:`run` on :class:`TorchRecDLRM` (same trained weights): the EBC's tables and the MLP chains
-    (torchrec's MLP, functional activations) offloaded, a KeyedJaggedTensor in. ``trained``: a trained
-    DLRM and its test data (e.g. ``(res.model, res.test_data)`` of :func:`run`), instead of training one."""
+    (torchrec's MLP, functional activations) offloaded, a KeyedJaggedTensor in.
+
+    MLP chains calibrate on training impressions; ``budget`` (e.g. ``{"auc_drop": 0.001}``, with
+    ``precision="auto"``: one precision search over the EBC and both chains) is held on ``n_eval``
+    held-out impressions and the AUCs are measured on ``n_eval`` test impressions. ``trained``:
+    ``(model, test_data)`` or ``(model, test_data, train_data)`` of an earlier :func:`run`, instead of
+    training; without training data the first quarter of ``test_data`` calibrates, a disjoint
+    quarter is the holdout and the rest is tested.
+    """
     if trained is None:
-        model, make = build(small=small, seed=seed, steps=steps)
+        model, make, train_data = build_with_data(small=small, seed=seed, steps=steps)
         test = make(n_eval, seed + 7)
+        held = make(n_eval, seed + 5)
     else:
-        model, test = trained
+        model, data, *rest = trained
+        data = data.to("cpu")
+        parts = data.batches(max(1, len(data.labels) // 4))
+        if rest:
+            train_data, held, test = rest[0], parts[0], data
+        else:
+            train_data, held, test = parts[0], parts[1], _tail(data, 2 * len(parts[0].labels))
     trm = TorchRecDLRM(model.cpu()).eval()
     test = test.to("cpu")
-    # MLP activations calibrated on the first 2048 impressions (the tables need no calibration).
-    calib = [(b.dense, to_kjt(b)) for b in test.batches(512)[:4]]
+    calib = [(b.dense, to_kjt(b)) for b in train_data.to("cpu").batches(512)[:4]]
+    holdout = _holdout(held.to("cpu").batches(1024), lambda b: (b.dense, to_kjt(b))) if budget is not None else None
     inputs = (test.dense, to_kjt(test))
-    gm = offload.offload(trm, calib[0], ops=ops, calib=calib, device=device, fmt=fmt)
+    gm = offload.offload(trm, calib[0], ops=ops, calib=calib, device=device, fmt=fmt, precision=precision,
+                         holdout=holdout, budget=budget)
     cmp = offload.compare(trm, gm, inputs)
     with torch.no_grad():
         p_float = trm(*inputs)
         p_off = gm(*inputs)
-    return DLRMResult(gm.offload_report, cmp, auc(test.labels, p_float), auc(test.labels, p_off), str(p_off.device), n_eval, gm, trm, test)
+    return DLRMResult(gm.offload_report, cmp, auc(test.labels, p_float), auc(test.labels, p_off), str(p_off.device),
+                      len(test.labels), gm, trm, test, n_calib=sum(len(c[0]) for c in calib))
+
+
+def _tail(data: ClickData, start: int) -> ClickData:
+    """``data`` from impression ``start`` on."""
+    return data.batches(start)[1] if start < len(data.labels) else data
 
 
 def main() -> None:  # pragma: no cover - exercised by examples/dlrm.py and the demo
@@ -315,8 +375,16 @@ def main() -> None:  # pragma: no cover - exercised by examples/dlrm.py and the 
     ap.add_argument("--device", default="sim")
     ap.add_argument("--dense-device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--fmt", default="ap_fixed<16,6>")
+    ap.add_argument("--torchrec", action="store_true", help="the TorchRec form: EBC and both MLPs offloaded")
+    ap.add_argument("--mlp", action="store_true", help="offload the MLP chains too (the plain form)")
+    ap.add_argument("--auc-budget", type=float, default=None, help="model-level budget: held-out AUC drop at most this")
     a = ap.parse_args()
-    res = run(small=a.small, device=a.device, dense_device=a.dense_device, fmt=a.fmt)
+    budget = None if a.auc_budget is None else {"auc_drop": a.auc_budget}
+    if a.torchrec:
+        res = run_torchrec(small=a.small, device=a.device, fmt=a.fmt, budget=budget)
+    else:
+        res = run(small=a.small, device=a.device, dense_device=a.dense_device, fmt=a.fmt, budget=budget,
+                  ops=("embedding_bag", "mlp") if a.mlp else ("embedding_bag",))
     print(res.report)
     print(res.comparison)
     print(res.summary())

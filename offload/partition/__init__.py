@@ -26,7 +26,8 @@ from typing import Any, Sequence
 import torch.nn as nn
 
 from offload.hls.cards import Card
-from offload.partition import budget, calibrate, find, group, replace
+from offload.partition import accuracy, calibrate, find, group, replace
+from offload.partition import budget as card_budget
 from offload.partition.compare import Comparison, compare
 from offload.partition.find import OPS
 from offload.partition.report import Decision, OffloadReport, untraceable
@@ -47,6 +48,8 @@ def offload(
     reuse_factor: int = 1,
     batch_tables: bool = True,
     max_bag_size: int | None = None,
+    holdout: Any = None,
+    budget: dict[str, float] | None = None,
 ) -> nn.Module:
     """Return ``model`` with embedding lookups and MLP chains moved to an offload device.
 
@@ -55,6 +58,12 @@ def offload(
     ``[example_inputs]``). ``fmt``: table storage format. ``card``: whose memory bounds the tables.
     ``max_bag_size``: the longest bag the traffic is declared to carry; it sizes the tables'
     accumulators (default :data:`offload.kernels.embedding.DEFAULT_MAX_BAG_SIZE`).
+    ``holdout``: ``(batches, labels)``, held-out input batches (none may repeat a calibration batch)
+    and their 0/1 labels; ``budget``: ``{"auc_drop": limit}`` or ``{"max_abs_err": limit}`` on the
+    model's output over the holdout. With both, one precision search over every offloaded table and
+    chain keeps sensitive ones wide and puts back on the host what no precision can offload within
+    the budget (:mod:`offload.partition.accuracy`); ``offload_report.budget`` is
+    ``{"metric", "limit", "measured", "met"}``.
     The result is a ``torch.fx.GraphModule`` (the unchanged model wrapped, when it cannot be traced)
     with ``offload_report``.
 
@@ -64,10 +73,11 @@ def offload(
         print(gm.offload_report)
     """
     st = start(model, example_inputs, ops=tuple(ops), calib=calib, device=device, card=card, fmt=fmt,
-               precision=precision, reuse_factor=reuse_factor, batch_tables=batch_tables, max_bag_size=max_bag_size)
+               precision=precision, reuse_factor=reuse_factor, batch_tables=batch_tables, max_bag_size=max_bag_size,
+               holdout=holdout, budget=budget)
     find.apply(st)
     if st.gm is None:
         return untraceable(model, st.trace_error, device, st.card)
-    for step in (calibrate, budget, group, replace):
+    for step in (calibrate, card_budget, group, replace, accuracy):
         step.apply(st)
     return replace.finish(st)

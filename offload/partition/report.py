@@ -45,6 +45,10 @@ class OffloadReport(RichReport):
     fmt: str = ""
     card_bytes_used: int = 0
     notes: list[str] = field(default_factory=list)
+    # with a holdout (offload.offload(holdout=..., budget=...)): {"metric", "limit", "measured", "met"}
+    # on the final model, and the precision search behind it (offload.partition.accuracy.PrecisionSearch)
+    budget: dict[str, Any] | None = None
+    search: Any = None
 
     @property
     def offloaded(self) -> list[Decision]:
@@ -80,7 +84,7 @@ class OffloadReport(RichReport):
         return t
 
     def renderables(self) -> list:
-        return [self.table(), *(f"note: {n}" for n in self.notes)]
+        return [self.table(), *([self.search.table()] if self.search is not None else []), *(f"note: {n}" for n in self.notes)]
 
 
 class _Kept(nn.Module):

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from offload.hls.cards import Card, get_card
 from offload.host import Device
+from offload.partition import holdout as holdout_
 from offload.partition.find import Candidate, Skipped
 from offload.partition.report import Decision, OffloadReport
 
@@ -42,6 +43,7 @@ class State:
     calib_given: bool
     report: OffloadReport
     max_bag_size: int | None = None  # the declared longest bag of the tables (None: the kernels' default)
+    holdout: Any = None  # offload.partition.holdout.Holdout: the data and limit of a model-level budget
     # find
     gm: fx.GraphModule | None = None
     trace_error: Exception | None = None
@@ -88,7 +90,7 @@ def _device_name(device: str | Device | None) -> str:
 
 def start(model: nn.Module, example_inputs: Any, *, ops: tuple[str, ...], calib: Any, device: str | Device | None,
           card: str | Card, fmt: str, precision: Any, reuse_factor: int, batch_tables: bool,
-          max_bag_size: int | None = None) -> State:
+          max_bag_size: int | None = None, holdout: Any = None, budget: Any = None) -> State:
     """Check ``offload.offload``'s arguments and hold them in a fresh :class:`State`."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -100,4 +102,4 @@ def start(model: nn.Module, example_inputs: Any, *, ops: tuple[str, ...], calib:
     if max_bag_size is not None and (isinstance(max_bag_size, bool) or not isinstance(max_bag_size, int) or max_bag_size < 1):
         raise ValueError(f"max_bag_size: expected an integer >= 1 or None, got {max_bag_size!r}")
     return State(model, tuple(ops), device, card_, fmt, precision, reuse_factor, batch_tables, batches, calib is not None, report,
-                 max_bag_size)
+                 max_bag_size, holdout_.check(holdout, budget, batches))

@@ -14,7 +14,7 @@ import numpy as np
 
 from offload.sim.errors import InputError
 
-__all__ = ["auc"]
+__all__ = ["auc", "output_error", "OUTPUT_METRICS"]
 
 
 def auc(labels: Any, scores: Any) -> float:
@@ -32,3 +32,29 @@ def auc(labels: Any, scores: Any) -> float:
     ranks = np.empty(len(s), dtype=np.float64)
     ranks[order] = np.repeat(first + (counts + 1) / 2.0, counts)  # 1-based average rank of each tie group
     return float((ranks[y].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))
+
+
+# The end-to-end metrics a model-level budget (``offload.offload(..., budget=...)``) may bound.
+OUTPUT_METRICS = ("auc_drop", "max_abs_err")
+
+
+def output_error(metric: str, y_float: Any, y_fixed: Any, labels: Any = None) -> float:
+    """What quantization cost a model's output: ``"auc_drop"`` (float AUC minus quantized AUC on
+    ``labels``; negative when quantization helped) or ``"max_abs_err"`` (largest absolute score
+    difference).
+
+    Example::
+
+        output_error("auc_drop", p_float, p_offloaded, labels)
+    """
+    a = np.asarray(y_float, dtype=np.float64).ravel()
+    b = np.asarray(y_fixed, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        raise InputError(f"output_error: float output has {a.size} values, quantized {b.size}")
+    if metric == "auc_drop":
+        if labels is None:
+            raise InputError("output_error: metric 'auc_drop' needs labels")
+        return auc(labels, a) - auc(labels, b)
+    if metric == "max_abs_err":
+        return float(np.max(np.abs(a - b))) if a.size else 0.0
+    raise InputError(f"output_error: metric must be one of {list(OUTPUT_METRICS)}, got {metric!r}")

@@ -81,3 +81,32 @@ def test_full_size_tables_offload_within_bounds():
     assert res.comparison.min_cosine > 0.999
     assert res.auc_float > 0.65 and res.auc_offload >= res.auc_float - 0.01, (res.auc_float, res.auc_offload)
 
+
+
+def test_summary_counts_tables_and_calls_and_calibration_is_training_data(small_run):
+    s = small_run.summary()
+    assert "8 tables offloaded (1 table-batched call)" in s, s
+    assert "calibrated on 2048 training impressions" in s and "2048 test impressions" in s
+
+
+@pytest.fixture(scope="module")
+def budget_run():
+    from offload.examples.dlrm import run
+
+    return run(small=True, steps=80, n_eval=2048, ops=("embedding_bag", "mlp"), budget={"auc_drop": 0.001})
+
+
+@pytest.mark.slow
+def test_tables_and_both_mlps_under_an_auc_budget(budget_run):
+    res = budget_run
+    b = res.report.budget
+    assert set(b) == {"metric", "limit", "measured", "met"} and b["metric"] == "auc_drop" and b["limit"] == 0.001
+    assert b["met"] and b["measured"] <= 0.001
+    assert all(d.offloaded for d in res.report.decisions if d.kind in ("embedding_bag", "mlp"))
+    kinds = sorted(u.kind for u in res.report.search.units)
+    assert kinds == ["embedding_bag", "mlp", "mlp"]
+    assert all(u.sensitivity is not None and u.local_cosine is not None for u in res.report.search.units)
+    s = res.summary()
+    assert "8 tables offloaded (1 table-batched call), 2 MLP chains" in s and "held-out auc_drop" in s
+    # the test impressions were seen by neither calibration nor the search: a looser check there
+    assert res.auc_offload >= res.auc_float - 0.005, (res.auc_float, res.auc_offload)
