@@ -32,11 +32,11 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from offload.hls.cards import Card, get_card
+from offload.hls.cards import Card, RingMemory, get_card, ring_memory
 from offload.hls.registry import KernelArg, KernelPlacement, get_hls_kind
 from offload.sim.errors import InputError
 
-__all__ = ["Item", "Placement", "place", "spread", "render", "kernel_connectivity"]
+__all__ = ["Item", "Placement", "place", "spread", "render", "kernel_connectivity", "ring_placement"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,45 @@ def spread(card: str | Card, top: str, args: Sequence[KernelArg], compute_units:
                     next_bank += 1
             banks[cu] = {a.name: by_bundle[a.bundle or a.name] for a in ports}
     return KernelPlacement(cus, slr, banks), next_bank
+
+
+def ring_placement(card: str | Card, ring_top: str, ring_arg: str, resident: Sequence[KernelArg], compute_units: int, *,
+                   mirror: KernelPlacement | None = None, platform: str | None = None, index: int = 0,
+                   first_bank: int = 0) -> tuple[KernelPlacement, RingMemory, int]:
+    """Where a persistent top's compute units go: ``(placement, ring memory, next free HBM bank)``.
+
+    The ring port goes to ``HOST[0]`` where :func:`offload.hls.cards.ring_memory` says the
+    platform reaches host memory (the host polls its own memory, the kernel reaches it over PCIe),
+    else into card memory. Each CU mirrors per-call CU ``i % len`` of ``mirror`` (the same top's
+    per-call placement): its SLR and its resident banks, so both tops share one copy of each
+    table, and a card-memory ring sits in the bank of that CU's first per-call buffer. Without a
+    mirror the ports are spread as :func:`spread` does.
+
+    Example::
+
+        kp, where, _ = ring_placement("u55c", "top_ring", "ring", resident_args, 1, mirror=per_call_kp)
+        kp.banks["top_ring_1"]["ring"]    # "HOST[0]"
+    """
+    card = get_card(card)
+    where = ring_memory(card, platform)
+    cus = tuple(f"{ring_top}_{i + 1}" for i in range(compute_units))
+    own, next_bank = spread(card, ring_top, [KernelArg(ring_arg, "input", "uint64", ring_arg), *resident], compute_units,
+                            index=index, first_bank=first_bank)
+    slr: dict[str, str] = {}
+    banks: dict[str, dict[str, str]] = {}
+    for i, (cu, own_cu) in enumerate(zip(cus, own.compute_units)):
+        if mirror is not None and mirror.compute_units:
+            m = mirror.compute_units[i % len(mirror.compute_units)]
+            mb = mirror.banks[m]
+            slr[cu] = mirror.slr[m]
+            banks[cu] = {a.name: mb[a.name] for a in resident}
+            card_bank = next((b for name, b in mb.items() if name not in banks[cu]), next(iter(mb.values()), own.banks[own_cu][ring_arg]))
+        else:
+            slr[cu] = own.slr[own_cu]
+            banks[cu] = {a.name: own.banks[own_cu][a.name] for a in resident}
+            card_bank = own.banks[own_cu][ring_arg]
+        banks[cu] = {ring_arg: where.bank or card_bank, **banks[cu]}
+    return KernelPlacement(cus, slr, banks), where, (next_bank if mirror is None else first_bank)
 
 
 def render(placements: Mapping[str, KernelPlacement]) -> list[str]:

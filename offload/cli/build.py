@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from offload.hls.cards import CARDS
+from offload.sim.errors import UnsupportedError
 
 __all__ = ["build_cmd", "info_cmd", "devices_cmd"]
 
@@ -55,12 +56,15 @@ def load_bundle(path: str, **checks: Any):
 @click.option("--vitis-target", type=click.Choice(["sw_emu", "hw_emu", "hw"]), default="hw", show_default=True)
 @click.option("--cus", type=click.IntRange(1, 16), default=1, show_default=True, help="Compute units per kernel.")
 @click.option("--cases", type=click.IntRange(1, 100), default=3, show_default=True, help="Golden C-simulation cases per kernel.")
-def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: bool, vitis_target: str, cus: int, cases: int) -> None:
+@click.option("--launch", type=click.Choice(["per_call", "persistent", "both"]), default="both", show_default=True,
+              help="Tops in the xclbin: per-call, the persistent <top>_ring loops (open_device(..., launch='persistent')), or both.")
+def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: bool, vitis_target: str, cus: int, cases: int, launch: str) -> None:
     """Write a Vitis project for BUNDLE, C-simulate its kernels, optionally run v++.
 
     \b
     offload build model.offload --target u55c --out build/u55c
     offload build model.offload --target u55c --out build/u55c --vitis
+    offload build model.offload --target u55c --out build/u55c --launch per_call
     """
     from rich.markup import escape
     from rich.table import Table
@@ -70,12 +74,20 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
 
     con = _console()
     b = load_bundle(bundle)
-    project = hb.write_project(b, target, out, platform=platform, compute_units=cus)
+    try:
+        project = hb.write_project(b, target, out, platform=platform, compute_units=cus, launch=launch)
+    except UnsupportedError as e:
+        raise click.ClickException(_printable(e)) from None
     con.print(f"[bold]Vitis project[/] for [cyan]{escape(_printable(b.name))}[/] on {project.card.name} ({project.platform}): {escape(str(project.root))}", soft_wrap=True)
+    for pk in project.kernels:
+        if pk.launch == "persistent":
+            con.print(_printable(f"persistent top {pk.top}: ring in {pk.ring['memory']} memory ({pk.ring['why']})"), markup=False, soft_wrap=True)
+    for note in project.notes:
+        con.print(_printable(f"left out: {note}"), markup=False, soft_wrap=True)
 
     with con.status("C-simulating kernels against the reference (g++)..."):
         try:
-            results = hb.golden_check(b, cases=cases)
+            results = hb.golden_check(b, cases=cases, launch=launch)
         except Exception as e:  # a build error of the generated C++ is the answer here
             raise click.ClickException(f"C-simulation failed: {e}") from None
     t = Table(title="C-simulation vs reference")
@@ -212,6 +224,7 @@ def info_cmd(bundle: str, as_json: bool, require_sealed: bool, trusted_keys: tup
         "meta": b.meta,
         "kernels": rows,
         "xclbin": None if b.xclbin is None else {"file": str(b.xclbin), "uuid": b.xclbin_uuid, "target": b.target, "platform": b.platform, "compute_units": b.compute_units},
+        "launch": _bundle_launch(b),
     }
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -245,6 +258,40 @@ def info_cmd(bundle: str, as_json: bool, require_sealed: bool, trusted_keys: tup
         con.print(_printable(f"xclbin {b.xclbin}  UUID {b.xclbin_uuid}  target {b.target} ({b.platform})  {cus}"), markup=False, soft_wrap=True)
     else:
         con.print("no xclbin: runs on sim and emu; build one with `offload build BUNDLE --target CARD --out DIR --vitis`", markup=False, soft_wrap=True)
+    for where, lm in summary["launch"].items():
+        con.print(_printable(f"launch modes on {where}: {', '.join(lm['modes']) or 'none'} ({lm['why']})"), markup=False, soft_wrap=True)
+
+
+def _backend_modes(name: str) -> tuple[str, ...]:
+    from offload.host.device import DEVICES
+
+    return tuple(getattr(DEVICES.get(name), "launch_modes", ("per_call",)))
+
+
+def _bundle_launch(b) -> dict[str, dict]:
+    """Which launch modes this bundle offers where: on the card, from the tops its xclbin holds
+    (per call: every kernel's top; persistent: every kernel's ``<top>_ring``); on the C++
+    emulation and the simulator, from what those backends take."""
+    from offload.hls import persistent
+    from offload.hls.registry import get_hls_kind
+
+    out: dict[str, dict] = {}
+    if b.xclbin is not None:
+        cus = b.compute_units or {}
+        missing_call = sorted({get_hls_kind(k.kind).top_name(k.spec) for k in b.kernels.values()} - set(cus))
+        missing_ring = sorted({persistent.top_name(k.spec) for k in b.kernels.values()} - set(cus))
+        modes = [m for m, missing in (("per_call", missing_call), ("persistent", missing_ring)) if not missing]
+        why = ["per_call: the xclbin holds every kernel's top" if not missing_call else f"no per_call: the xclbin lacks {', '.join(missing_call)}",
+               "persistent: the xclbin holds every <top>_ring loop" if not missing_ring
+               else f"no persistent: the xclbin lacks {', '.join(missing_ring)} (rebuild with `offload build --launch both`)"]
+        out[f"card ({b.target})"] = {"modes": modes, "why": "; ".join(why)}
+    for backend in ("emu", "sim"):
+        try:
+            modes = list(_backend_modes(backend))
+        except KeyError:
+            continue
+        out[backend] = {"modes": modes, "why": f"what the {backend} backend takes"}
+    return out
 
 
 # --------------------------------------------------------------------------------------- devices
@@ -257,15 +304,18 @@ def devices_cmd(as_json: bool) -> None:
 
     from offload.host.device import probe_devices
 
-    found = [p.to_json() for p in probe_devices()]
+    # launch_modes: what each backend takes (open_device(spec, launch=...)); whether this host can
+    # use them is in "why" (xrt: what its pyxrt binds).
+    found = [{**p.to_json(), "launch_modes": list(_backend_modes(p.backend))} for p in probe_devices()]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
     from rich.markup import escape
 
     t = Table(title="offload devices")
-    for col in ("backend", "status", "devices", "details"):
+    for col in ("backend", "status", "devices", "launch modes", "details"):
         t.add_column(col, overflow="fold")
     for f in found:
-        t.add_row(f["backend"], "[green]available" if f["available"] else "[red]unavailable", escape("\n".join(f["devices"]) or "-"), escape(f["why"]))
+        t.add_row(f["backend"], "[green]available" if f["available"] else "[red]unavailable", escape("\n".join(f["devices"]) or "-"),
+                  ", ".join(f["launch_modes"]), escape(f["why"]))
     _console().print(t)

@@ -112,5 +112,6 @@ def test_devices_asks_every_registered_backend(monkeypatch):
     d = _devices()
     assert set(d) == {"plain", "card", "broken"}
     assert d["plain"]["available"] and d["plain"]["devices"] == ["plain"]
-    assert d["card"] == {"backend": "card", "available": True, "devices": ["card:0 slot 3"], "why": "driver 1.2"}
+    # A backend that lists no launch_modes starts a kernel per call only.
+    assert d["card"] == {"backend": "card", "available": True, "devices": ["card:0 slot 3"], "why": "driver 1.2", "launch_modes": ["per_call"]}
     assert not d["broken"]["available"] and "OSError: driver gone" in d["broken"]["why"]

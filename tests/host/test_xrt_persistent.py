@@ -379,3 +379,28 @@ def test_profiles_bind_host_memory_and_registers_as_the_releases_do(monkeypatch,
     assert hasattr(pyxrt.xclbin, "get_mems") == (version != "2.11")
     assert hasattr(pyxrt.kernel, "read_register") == hasattr(pyxrt.kernel, "write_register") == (version == "2.11")
     assert not hasattr(pyxrt, "ip") and not hasattr(pyxrt.run, "abort")
+
+
+def test_info_says_which_launch_modes_a_bundle_offers(fakes, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from offload.cli import main
+
+    (tmp_path / "both").mkdir()
+    (tmp_path / "per").mkdir()
+    both = _bundle(tmp_path / "both", [_kernel()])
+    per = _bundle(tmp_path / "per", [_kernel()], ring=False)
+    got = {}
+    for name, b in (("both", both), ("per", per)):
+        r = CliRunner().invoke(main, ["info", str(b.path), "--json"])
+        assert r.exit_code == 0, r.output
+        got[name] = json.loads(r.output)["launch"]["card (u55c)"]
+    assert got["both"]["modes"] == ["per_call", "persistent"]
+    assert got["per"]["modes"] == ["per_call"] and "lacks test_scale_add_n8_s3_ring" in got["per"]["why"]
+    r = CliRunner().invoke(main, ["info", str(per.path)])
+    assert "launch modes on card (u55c): per_call (" in r.output
+    r = CliRunner().invoke(main, ["devices", "--json"])
+    xrt = next(d for d in json.loads(r.output) if d["backend"] == "xrt")
+    assert xrt["launch_modes"] == ["per_call", "persistent"] and "launch modes: per_call, persistent" in xrt["why"]
