@@ -78,6 +78,8 @@ __all__ = [
     "lookup_of",
     "fused_plan",
     "run_checked",
+    "bag_counts",
+    "combine_partials",
     "check_tensors",
     "tensor_shapes",
     "SPEC_SCHEMA",
@@ -169,6 +171,10 @@ class EmbeddingSpec:
     # stored (and uploaded) once; calls then carry F*B+1 offsets and return B x sum(dim of each
     # feature's table). None: one feature per table, in order.
     feature_table_map: tuple[int, ...] | None = None
+    # Partial output (row-wise shards): ``out`` is the raw accumulator before the mean's division
+    # and the output cast, and ``count`` (B x F) each bag's non-padding entries, so shards of one
+    # table combine exactly and round once (:func:`combine_partials`).
+    partial: bool = False
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -208,7 +214,8 @@ class EmbeddingSpec:
         c = self._cache.get("per_feature")
         if c is None:
             tables = tuple(replace(self.tables[t], name=f"{self.tables[t].name}/f{f}") for f, t in enumerate(self.feature_table_map))
-            c = self._cache["per_feature"] = EmbeddingSpec(tables, self.mode, self.max_bag_size, self.acc_type, self.out_type, self.weight_type)
+            c = self._cache["per_feature"] = EmbeddingSpec(tables, self.mode, self.max_bag_size, self.acc_type, self.out_type, self.weight_type,
+                                                           partial=self.partial)
         return c
 
     def col_offsets(self) -> list[int]:
@@ -233,6 +240,7 @@ class EmbeddingSpec:
             "weight_type": str(self.weight_type),
             # Only when set, so the JSON (and the HLS digest) of every other kernel is unchanged.
             **({} if self.feature_table_map is None else {"feature_table_map": list(self.feature_table_map)}),
+            **({"partial": True} if self.partial else {}),
         }
 
     @staticmethod
@@ -286,6 +294,7 @@ SPEC_SCHEMA = {
         "weight_type": _TYPE_TEXT,
         "feature_table_map": {"type": "array", "minItems": 1, "maxItems": _INT_MAX,
                               "items": {"type": "integer", "minimum": 0, "maximum": _MAX_TABLES - 1}},
+        "partial": {"type": "boolean"},
     },
 }
 
@@ -691,7 +700,11 @@ def lookup_of(spec: EmbeddingSpec) -> Lookup:
         feats = range(spec.num_tables) if spec.feature_table_map is None else spec.feature_table_map
         vts = spec.value_types
         pooled = tuple(PooledTable(spec.tables[t].dim, vts[t], spec.tables[t].rowwise, spec.tables[t].padding_idx) for t in feats)
-        pooling = Pooling(pooled, spec.mode, spec.max_bag_size, spec.acc_type, spec.out_type, spec.weight_type)
+        if spec.partial:  # the accumulator as it stands: no mean division, no output cast (acc_t to acc_t is exact)
+            pooling = Pooling(pooled, "sum" if spec.mode == "mean" else spec.mode, spec.max_bag_size, spec.acc_type, spec.acc_type,
+                              spec.weight_type)
+        else:
+            pooling = Pooling(pooled, spec.mode, spec.max_bag_size, spec.acc_type, spec.out_type, spec.weight_type)
         c = spec._cache["lookup"] = Lookup(pooling, tuple(f"table{t}" for t in feats),
                                             tuple(f"params{t}" if spec.tables[t].rowwise else None for t in feats))
     return c
@@ -702,7 +715,10 @@ def reference(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Ma
     :func:`offload.sim.embedding.lookup`, step by step."""
     lk = lookup_of(spec)
     tables, params = lk.arrays(tensors)
-    return {"out": _sim.lookup(lk.pooling, tables, params, inputs["indices"], inputs["offsets"], inputs.get("per_sample_weights"))}
+    out = {"out": _sim.lookup(lk.pooling, tables, params, inputs["indices"], inputs["offsets"], inputs.get("per_sample_weights"))}
+    if spec.partial:
+        out["count"] = bag_counts(spec, inputs)
+    return out
 
 
 def golden_inputs(spec: EmbeddingSpec, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
@@ -777,11 +793,70 @@ def run_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: 
     lk = lookup_of(spec)
     tables, params = lk.arrays(tensors)
     w = inputs.get("per_sample_weights")
+    if spec.partial:
+        # The partial pooling of a mean runs as a sum: check the inputs against the spec's own mode first.
+        validate(spec, tensors, inputs)
+        out = _fused().run(fused_plan(spec), tables, params, inputs["indices"], inputs["offsets"], w)
+        if out is None:
+            out = _sim.lookup(lk.pooling, tables, params, inputs["indices"], inputs["offsets"], w)
+        return {"out": out, "count": bag_counts(spec, inputs)}
     out = _fused().run(fused_plan(spec), tables, params, inputs.get("indices"), inputs.get("offsets"), w)
     if out is None:
         validate(spec, tensors, inputs)
         out = _sim.lookup(lk.pooling, tables, params, inputs["indices"], inputs["offsets"], w)
     return {"out": out}
+
+
+def bag_counts(spec: EmbeddingSpec, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Non-padding entries of every bag, ``B x F`` int64 (feature ``f``'s bag ``b`` at ``[b, f]``):
+    what a mean divides by, and which bags a max has seen. Inputs validated."""
+    ps = spec.per_feature()
+    off = np.asarray(inputs["offsets"], dtype=np.int64)
+    idx = np.asarray(inputs["indices"])
+    F = ps.num_tables
+    B = (off.shape[0] - 1) // F
+    counts = np.diff(off).reshape(F, B)
+    for f, ts in enumerate(ps.tables):
+        if ts.padding_idx is None:
+            continue
+        o = off[f * B:(f + 1) * B + 1]
+        pad = np.concatenate(([0], np.cumsum(idx[int(o[0]):int(o[-1])] == ts.padding_idx, dtype=np.int64)))
+        counts[f] -= np.diff(pad[o - o[0]])
+    return np.ascontiguousarray(counts.T)
+
+
+def combine_partials(spec: EmbeddingSpec, accs: Sequence[np.ndarray], counts: Sequence[np.ndarray]) -> np.ndarray:
+    """One feature's row shards, combined then rounded once: the raw ``out_type`` result (``B x D``)
+    the unsharded kernel returns. ``accs[s]`` is shard ``s``'s partial ``out`` columns (raw
+    ``acc_type``), ``counts[s]`` its bag counts (``B``).
+
+    Sum and mean add the partial accumulators exactly (int64) and the counts, then apply the
+    accumulator's type once, the mean's rounded division and the output cast; max takes the largest
+    partial among shards that saw the bag. Equal to one device bit for bit whenever the bag's
+    running sum stays inside ``acc_type`` (which the default accumulator guarantees for bags up to
+    ``max_bag_size``) or the accumulator wraps; a saturating sum that left ``acc_type`` is refused
+    (:class:`FormatOverflowError`), as its single-device value depends on the order of the entries.
+    """
+    acc_t, out_t = spec.acc_type, spec.out_type
+    if not accs:
+        raise ValueError("accs: at least one shard")
+    n = np.sum(np.stack([np.asarray(c, dtype=np.int64) for c in counts]), axis=0)
+    if spec.mode == "max":
+        stack = np.stack([np.where(np.asarray(c)[:, None] > 0, a, np.iinfo(np.int64).min) for a, c in zip(accs, counts)])
+        acc = np.where(n[:, None] > 0, stack.max(axis=0), 0)
+        return out_t.cast(acc, acc_t)
+    total = np.zeros_like(np.asarray(accs[0], dtype=np.int64))
+    for a in accs:
+        total = total + np.asarray(a, dtype=np.int64)  # |acc| < 2^61 each: a few shards' sum stays in int64
+    if acc_t.overflow != "AP_WRAP" and len(accs) > 1:
+        saturated = any(((a == acc_t.min_raw) | (a == acc_t.max_raw)).any() for a in accs)
+        if saturated or total.min(initial=0) < acc_t.min_raw or total.max(initial=0) > acc_t.max_raw:
+            raise FormatOverflowError(f"acc_type {acc_t}: a row-sharded bag's sum left the accumulator's range; its "
+                                      "single-device value depends on the order of its entries (use a wider acc_type)")
+    acc = acc_t.cast(total, FixedType(64, int(acc_t.integer) + 64 - int(acc_t.width), signed=True))
+    if spec.mode == "mean":
+        acc = _sim.round_div(acc, n[:, None])
+    return out_t.cast(acc, acc_t)
 
 
 KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,

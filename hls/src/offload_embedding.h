@@ -10,6 +10,9 @@
 //   max : largest term; 0 for an empty bag
 //   out = out_t(pooled)
 // Entries equal to the table's padding index are skipped (not counted for mean).
+// Partial output (pool_table_partial, a row-wise shard of a table): out is the raw accumulator
+// (no mean division, no output cast) and count[b * num_tables + table_no] the bag's entries, so
+// the host combines shards exactly and rounds once.
 // Compiles with plain g++ (HLS pragmas are ignored there) against the ap_types headers.
 #ifndef OFFLOAD_EMBEDDING_H
 #define OFFLOAD_EMBEDDING_H
@@ -51,10 +54,10 @@ inline int64_t round_div(int64_t a, int64_t n) {
     return a < 0 ? -q : q;
 }
 
-template <class K, class T>
-void pool_table(const typename T::store_t *table, const typename T::pstore_t *params,
-                const int64_t *indices, const int64_t *offsets, const typename K::wstore_t *weights,
-                typename K::ostore_t *out, int num_bags, int table_no, int weighted) {
+template <class K, class T, bool PARTIAL>
+void pool_table_impl(const typename T::store_t *table, const typename T::pstore_t *params,
+                     const int64_t *indices, const int64_t *offsets, const typename K::wstore_t *weights,
+                     typename K::ostore_t *out, int64_t *count, int num_bags, int table_no, int num_tables, int weighted) {
     typedef typename K::acc_t acc_t;
     typedef typename K::out_t out_t;
     acc_t acc[T::dim];
@@ -95,8 +98,12 @@ BAGS:
         for (int d = 0; d < T::dim; d++) {
 #pragma HLS PIPELINE II = 1
             acc_t r = acc[d];
-            if (K::mode == MODE_MEAN) r = from_raw<acc_t>(round_div(to_raw<acc_t, true>(acc[d]), n));
-            row_out[d] = (typename K::ostore_t)to_raw<out_t, K::out_signed>(out_t(r));
+            if (PARTIAL) {
+                row_out[d] = (typename K::ostore_t)to_raw<acc_t, true>(r);
+            } else {
+                if (K::mode == MODE_MEAN) r = from_raw<acc_t>(round_div(to_raw<acc_t, true>(acc[d]), n));
+                row_out[d] = (typename K::ostore_t)to_raw<out_t, K::out_signed>(out_t(r));
+            }
         }
     // One burst per pooled row.
     WRITE:
@@ -104,7 +111,22 @@ BAGS:
 #pragma HLS PIPELINE II = 1
             out[(int64_t)b * K::total_dim + T::col + d] = row_out[d];
         }
+        if (PARTIAL) count[(int64_t)b * num_tables + table_no] = n;
     }
+}
+
+template <class K, class T>
+void pool_table(const typename T::store_t *table, const typename T::pstore_t *params,
+                const int64_t *indices, const int64_t *offsets, const typename K::wstore_t *weights,
+                typename K::ostore_t *out, int num_bags, int table_no, int weighted) {
+    pool_table_impl<K, T, false>(table, params, indices, offsets, weights, out, (int64_t *)0, num_bags, table_no, 1, weighted);
+}
+
+template <class K, class T>
+void pool_table_partial(const typename T::store_t *table, const typename T::pstore_t *params,
+                        const int64_t *indices, const int64_t *offsets, const typename K::wstore_t *weights,
+                        typename K::ostore_t *out, int64_t *count, int num_bags, int table_no, int num_tables, int weighted) {
+    pool_table_impl<K, T, true>(table, params, indices, offsets, weights, out, count, num_bags, table_no, num_tables, weighted);
 }
 
 }  // namespace offload_emb
