@@ -559,16 +559,21 @@ class XrtDevice(BufferedDevice):
                 # Taken but maybe not published: the loop would wait for n forever.
                 self._abandon(ring, f"request {n} could not be written: {e}")
                 raise
-            if not self._await(ring, n, at + layout.slot.resp_seq, deadline):
-                if ring.dead is not None:
+            got = self._await(ring, n, at + layout.slot.resp_seq, deadline)
+            if got != "answered":
+                if got == "abandoned":
                     raise DeviceError(f"{what}: request {n} was not answered: its ring was abandoned ({ring.dead})")
-                late = f"{what}: request {n} was not answered within {timeout:g} s; the compute unit is marked hung and its ring abandoned"
-                self._abandon(ring, f"request {n} was not answered within {timeout:g} s")
+                if got == "timeout":
+                    late = f"{what}: request {n} was not answered within {timeout:g} s; the compute unit is marked hung and its ring abandoned"
+                else:  # the loop's run ended without the stop word: it will answer nothing more
+                    late = f"{what}: its loop ended ({got}) without answering request {n}; its ring is abandoned"
+                self._abandon(ring, late.split(": ", 1)[1])
+                err = DeviceTimeout if got == "timeout" else DeviceError
                 try:
                     self._ring_hung(loaded)
                 except DeviceError as e:
-                    raise DeviceTimeout(f"{late}, and reopening the device failed: {e}") from e
-                raise DeviceTimeout(late)
+                    raise err(f"{late}, and reopening the device failed: {e}") from e
+                raise err(late)
             first, end = _output_span(layout)
             ring.bo.sync(from_dev, end - first, at + first)
             out = persistent.read_response(layout, ring.view, s, values)
@@ -582,28 +587,34 @@ class XrtDevice(BufferedDevice):
                     ring.answered += 1
                 ring.cond.notify_all()
 
-    def _await(self, ring: _Ring, n: int, resp: int, deadline: float) -> bool:
-        """True once the response word at byte ``resp`` holds ``n``; False at the deadline or when the
-        ring is abandoned. Host memory: spin on the word (GIL released) for SPIN_S first."""
+    def _await(self, ring: _Ring, n: int, resp: int, deadline: float) -> str:
+        """``"answered"`` once the response word at byte ``resp`` holds ``n``; ``"timeout"`` at the
+        deadline; ``"abandoned"`` when another request gave the ring up; the run's final state
+        (``"ERT_CMD_STATE_..."``) when the loop's run ended. Host memory: spin on the word (GIL
+        released) for SPIN_S first; then back off, looking at the run's state between naps."""
         ops = persistent.ring_ops()
         from_dev = self._pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
+        terminal = tuple(getattr(self._pyxrt.ert_cmd_state, t) for t in _TERMINAL)
         addr = ring.base + resp
         now = time.monotonic()
         if ring.host and ops.wait(addr, n, int(max(0.0, min(SPIN_S, deadline - now)) * 1e9)):
-            return True
+            return "answered"
         spin_until = now + SPIN_S
         nap = _POLL_FIRST_S
         while True:
             ring.bo.sync(from_dev, LINE, resp)  # host memory: a cache invalidate; card memory: the DMA that reads the word
             if ops.load_acquire(addr) == n:
-                return True
+                return "answered"
             if ring.dead is not None:
-                return False
+                return "abandoned"
             now = time.monotonic()
             if now >= deadline:
-                return False
+                return "timeout"
             if not ring.host and now < spin_until:
                 continue
+            state = ring.run.state() if ring.run is not None else None
+            if state in terminal:
+                return state.name
             time.sleep(min(nap, deadline - now))
             nap = min(2 * nap, _POLL_MAX_S)
 

@@ -184,6 +184,24 @@ def test_a_silent_loop_times_out_and_the_device_is_reopened(fakes, tmp_path, aft
     dev.close()
 
 
+def test_a_loop_whose_run_ended_fails_its_request_at_once(fakes, tmp_path):
+    """The loop's one run ends in ERROR (it never served): the request fails well before its
+    deadline with the run's state, and the reopened device serves."""
+    pyxrt, _ = fakes
+    b = _bundle(tmp_path, [_kernel()])
+    want = _sim(b, "sa")
+    pyxrt.inject_fault(pyxrt.ert_cmd_state.ERT_CMD_STATE_ERROR)  # the next run: the loop's start
+    dev, h = _open(b)
+    t0 = time.monotonic()
+    with pytest.raises(DeviceError, match=r"its loop ended \(ERT_CMD_STATE_ERROR\) without answering request 1") as ei:
+        dev.run(h, sa.make_inputs(n=8, batch=2), timeout=30)
+    assert not isinstance(ei.value, DeviceTimeout) and time.monotonic() - t0 < 5
+    assert dev.info().details["reopens"] == 1
+    inp = sa.make_inputs(n=8, batch=2, seed=4)
+    assert_same(dev.run(h, inp, timeout=5), want(inp))
+    dev.close()
+
+
 def test_without_a_timeout_a_call_still_has_a_deadline(fakes, tmp_path, monkeypatch):
     import offload.host.xrt as hx
 
