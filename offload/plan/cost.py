@@ -3,7 +3,9 @@
 A bank serves its shards' random row reads one after another (:meth:`Unit.lookup_s`: the row's
 transfer at the bank's rate, or its read latency over the m_axi master's outstanding reads); a card
 runs its banks in parallel, so its time is its busiest bank plus the host link: indices and offsets
-in, partial sums (accumulator width, 8 bytes) and counts out over PCIe, one buffer sync each way
+in, partial sums (accumulator width, 8 bytes) and counts out over PCIe, one per table and column
+range a card (the card sums its own row shards; the sim engine returns them per shard, which
+changes no result), one buffer sync each way
 and a kernel launch; a card on another host than the caller's (host 0) adds the network both ways.
 All constants come from :mod:`offload.hls.cards` and the :class:`~offload.plan.topology.Topology`.
 """
@@ -33,9 +35,9 @@ def card_io_bytes(plan, where: tuple[int, int]) -> tuple[float, float]:
         if not mine:
             continue
         nfeat = 1 if t.parts else len(t.features)
-        for s in mine:
-            lookups += s.lookups
-            cols += (s.col1 - s.col0) * nfeat
+        lookups += sum(s.lookups for s in mine)
+        for c0, c1 in {(s.col0, s.col1) for s in mine}:
+            cols += (c1 - c0) * nfeat
             groups += nfeat
     return _INDEX_BYTES * (lookups + groups * B + 1), _PARTIAL_BYTES * B * (cols + groups)
 

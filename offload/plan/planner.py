@@ -324,6 +324,16 @@ def _cut(t: Table, r0: int, share: float) -> int:
     return lo
 
 
+def _count(state: "_State", it: _Item, target: float, cand: list[int]) -> int:
+    """How many row pieces: enough for the bytes (at the topology's mean fill) and for the traffic
+    (the mean bank time, times a granule so the greedy fill can even banks out)."""
+    t = it.table
+    cap = max(state.units[i].bytes for i in cand)
+    k_bytes = math.ceil(t.bytes / max(1.0, cap * (1 - state.reserve) * state.fill))
+    k_load = math.ceil(state.ref_cost(it) / target) * _GRANULE if target > 0 else 1
+    return max(1, k_bytes, k_load)
+
+
 def _pieces(state: _State, it: _Item, target: float) -> tuple[list[tuple[int, int, int, int]], list[int]]:
     """The row pieces (equal lookups) a table is cut into up front, and the banks they may take:
     one host's where that host can hold the table (table-row-wise), every allowed bank otherwise."""
@@ -331,9 +341,7 @@ def _pieces(state: _State, it: _Item, target: float) -> tuple[list[tuple[int, in
     cand = state.candidates(it, None)
     if not cand:
         raise state.nowhere(it, "the allowed memories")
-    cap = max(state.units[i].bytes for i in cand)
-    k = max(1, math.ceil(t.bytes / max(1.0, cap * (1 - state.reserve) * state.fill)),
-            math.ceil(state.ref_cost(it) / target) if target > 0 else 1)
+    k = _count(state, it, target, cand)
     if _allows(it, "table_wise") and (k == 1 or it.constraint.get("sharding") == ("table_wise",)):
         return [(0, t.rows, 0, t.dim)], cand
     if t.rows < 2 or not (_allows(it, "row_wise") or _allows(it, "table_row_wise")):
@@ -348,7 +356,7 @@ def _pieces(state: _State, it: _Item, target: float) -> tuple[list[tuple[int, in
             cand = [i for i in cand if state.units[i].host == h]
         elif not _allows(it, "row_wise"):
             return [], cand
-    k = min(k * _GRANULE, len(cand), t.rows)
+    k = min(k, len(cand), t.rows)
     cuts = [0]
     for _ in range(k - 1):
         cuts.append(_cut(t, cuts[-1], 1.0 / k))
@@ -410,12 +418,7 @@ def _place(state: _State, it: _Item, target: float) -> tuple[str, list[Shard]]:
     cand = state.candidates(it, None)
     if not cand:
         raise state.nowhere(it, "the allowed memories")
-    cap = max(state.units[i].bytes for i in cand)
-    k_bytes = math.ceil(t.bytes / max(1.0, cap * (1 - state.reserve) * state.fill))
-    k_load = math.ceil(state.ref_cost(it) / target) if target > 0 else 1
-    k = max(1, k_bytes, k_load)
-    if k > 1:  # finer pieces than the even spread needs, so the greedy fill can even banks out
-        k *= _GRANULE
+    k = _count(state, it, target, cand)
     if _allows(it, "table_wise") and (k == 1 or it.constraint.get("sharding") == ("table_wise",)):
         got = state.place_whole(it, goal=target)
         if got is not None:

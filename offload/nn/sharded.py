@@ -1,0 +1,262 @@
+"""``ShardedEmbeddingBagCollection``: a TorchRec collection whose tables are spread over cards and
+hosts as an :class:`offload.plan.Plan` says, returning what one device returns, bit for bit.
+
+Every shard runs as a *partial* kernel (:attr:`EmbeddingSpec.partial`): a row shard returns its
+raw accumulator and bag counts, which are combined over the table's row shards and rounded once
+(:func:`offload.kernels.embedding.combine_partials`); column shards fill their own columns. A
+Cartesian merge of one-hot tables is one product table looked up at ``i * rows_b + j``.
+
+Example::
+
+    plan = offload.plan.shard(offload.plan.tables_of(ebc), offload.plan.Topology.uniform("u55c", 2, 2))
+    sharded = ShardedEmbeddingBagCollection.from_torchrec(ebc, plan, engine="local")
+    kt = sharded(kjt)      # == offload.nn.EmbeddingBagCollection.from_torchrec(ebc)(kjt), bit for bit
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from offload.kernels import Kernel
+from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, ROWWISE, EmbeddingSpec, TableSpec, combine_partials
+from offload.nn.ebc import EmbeddingBagCollection
+from offload.nn import fbgemm
+from offload.ops.embedding import _to_dtype, quantize_weights
+from offload.plan.engine import open_engine
+from offload.plan.plan import Plan
+from offload.sim.errors import IndexRangeError, InputError, UnsupportedError
+
+__all__ = ["ShardedEmbeddingBagCollection"]
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """One lookup stream of a group: a feature on its table, or a merge's pair of one-hot features."""
+
+    features: tuple[int, ...]  # group feature positions (two for a merge)
+    table: TableSpec  # the whole (or merged) table
+    tensors: dict  # its raw resident arrays
+    part_rows: tuple[int, ...]  # a merge's part rows (i * rows_b + j), () otherwise
+    part_dims: tuple[int, ...]
+    plan_name: str
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One shard of a lookup on one card: rows [r0, r1), columns [c0, c1)."""
+
+    group: int
+    lookup: int
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+
+
+class ShardedEmbeddingBagCollection(torch.nn.Module):
+    """A TorchRec ``EmbeddingBagCollection`` over the cards of a :class:`~offload.plan.Plan`;
+    ``forward(kjt)`` returns the ``KeyedTensor`` the single-device
+    :class:`~offload.nn.EmbeddingBagCollection` returns, bit for bit."""
+
+    def __init__(self, single: EmbeddingBagCollection, plan: Plan, engine: str = "local", *, device: str = "sim") -> None:
+        super().__init__()
+        self.plan = plan
+        self.keys = list(single.keys)
+        self.dims = list(single.dims)
+        self.is_weighted = single.is_weighted
+        self.weighted_mean = single.weighted_mean
+        self.group_features = [list(f) for f in single.group_features]
+        self._perm = single._perm
+        self._groups = []  # (full spec, dtype, on_overflow, bounds_check, feature rows, lookups)
+        for tbe in single.tbes:
+            k = tbe.offload_kernels()[0]
+            self._groups.append((k.spec, tbe.dtype, tbe.on_overflow, tbe.bounds_check, list(tbe._feature_rows),
+                                 self._lookups(k, plan)))
+        self._cards = self._assign(plan)
+        kernels = {card: [self._card_kernel(card, g, slots) for g, slots in by_group] for card, by_group in self._cards.items()}
+        self.engine = open_engine(engine, plan.topology, device=device)
+        self.engine.load(kernels)
+
+    @classmethod
+    def from_torchrec(cls, ebc: torch.nn.Module, plan: Plan, engine: str = "local", *, fmt: Optional[str] = None,
+                      max_bag_size: Optional[int] = None, weight_type: str = DEFAULT_WEIGHT_TYPE, device: str = "sim",
+                      dtype: torch.dtype = torch.float32, on_overflow: str = "warn") -> "ShardedEmbeddingBagCollection":
+        """From a float or quantized ``torchrec.EmbeddingBagCollection``, quantized as
+        :meth:`offload.nn.EmbeddingBagCollection.from_torchrec` does (``fmt``: the plan's format
+        when all its tables share one), then cut into the plan's shards on ``engine``'s cards."""
+        if fmt is None:
+            fmts = {t.fmt for t in plan.tables}
+            fmt = fmts.pop() if len(fmts) == 1 else "ap_fixed<16,6>"
+        single = EmbeddingBagCollection.from_torchrec(ebc, fmt, max_bag_size=max_bag_size, weight_type=weight_type,
+                                                      device="sim", dtype=dtype, on_overflow=on_overflow)
+        return cls(single, plan, engine, device=device)
+
+    # ------------------------------------------------------------------------------ build
+
+    def _lookups(self, kernel: Kernel, plan: Plan) -> list[_Lookup]:
+        spec = kernel.spec
+        ftm = spec.feature_table_map or tuple(range(spec.num_tables))
+        out: list[_Lookup] = []
+        merged: dict[str, list[int]] = {}
+        for f, t in enumerate(ftm):
+            ts = spec.tables[t]
+            tp = plan.table(ts.name)
+            if tp.parts:
+                merged.setdefault(tp.name, []).append(f)
+                continue
+            if (tp.rows, tp.dim) != (ts.num_rows, ts.dim):
+                raise InputError(f"plan: table {ts.name!r} is planned {tp.rows} x {tp.dim}, the collection's is {ts.num_rows} x {ts.dim}")
+            tens = {"table": kernel.tensors[f"table{t}"]}
+            if ts.rowwise:
+                tens["params"] = kernel.tensors[f"params{t}"]
+            out.append(_Lookup((f,), ts, tens, (), (), tp.name))
+        for name, fs in merged.items():
+            tp = plan.table(name)
+            if self.is_weighted:
+                raise UnsupportedError(f"plan: merged table {name!r}: a weighted collection's one-hot features cannot share a product table")
+            by_name = {spec.tables[ftm[f]].name: f for f in fs}
+            if sorted(by_name) != sorted(tp.parts) or len(fs) != len(tp.parts):
+                raise InputError(f"plan: merged table {name!r} needs features of {list(tp.parts)} in one pooling group, got {sorted(by_name)}")
+            fa, fb = by_name[tp.parts[0]], by_name[tp.parts[1]]
+            ta, tb = spec.tables[ftm[fa]], spec.tables[ftm[fb]]
+            if ta.fmt != tb.fmt or ta.rowwise or ta.padding_idx is not None or tb.padding_idx is not None:
+                raise UnsupportedError(f"plan: merged table {name!r}: parts must share one fixed-point format and have no padding row")
+            A, Bt = kernel.tensors[f"table{ftm[fa]}"], kernel.tensors[f"table{ftm[fb]}"]
+            prod = np.hstack([np.repeat(A, tb.num_rows, axis=0), np.tile(Bt, (ta.num_rows, 1))])
+            ts = TableSpec(name, ta.num_rows * tb.num_rows, ta.dim + tb.dim, ta.fmt)
+            out.append(_Lookup((fa, fb), ts, {"table": prod}, (ta.num_rows, tb.num_rows), (ta.dim, tb.dim), name))
+        return out
+
+    def _assign(self, plan: Plan) -> dict[tuple[int, int], list[tuple[int, list[_Slot]]]]:
+        cards: dict[tuple[int, int], dict[int, list[_Slot]]] = {}
+        for g, (*_, lookups) in enumerate(self._groups):
+            for li, lk in enumerate(lookups):
+                for s in plan.table(lk.plan_name).shards:
+                    cards.setdefault(s.where, {}).setdefault(g, []).append(_Slot(g, li, s.row0, s.row1, s.col0, s.col1))
+        return {card: sorted(by.items()) for card, by in sorted(cards.items())}
+
+    def _card_kernel(self, card, g: int, slots: list[_Slot]) -> Kernel:
+        spec, *_, lookups = self._groups[g]
+        tables, tensors = [], {}
+        for i, sl in enumerate(slots):
+            lk = lookups[sl.lookup]
+            ts = lk.table
+            pad = ts.padding_idx - sl.r0 if ts.padding_idx is not None and sl.r0 <= ts.padding_idx < sl.r1 else None
+            tables.append(replace(ts, name=f"{ts.name}@r{sl.r0}c{sl.c0}", num_rows=sl.r1 - sl.r0, dim=sl.c1 - sl.c0,
+                                  padding_idx=pad, bundle=None))
+            tensors[f"table{i}"] = np.ascontiguousarray(lk.tensors["table"][sl.r0:sl.r1, sl.c0:sl.c1])
+            if ts.rowwise:
+                tensors[f"params{i}"] = np.ascontiguousarray(lk.tensors["params"][sl.r0:sl.r1])
+        kspec = EmbeddingSpec(tuple(tables), spec.mode, spec.max_bag_size, spec.acc_type, spec.out_type, spec.weight_type,
+                              partial=True)
+        return Kernel(f"shard_h{card[0]}c{card[1]}_g{g}", kspec, tensors)
+
+    # ------------------------------------------------------------------------------ call
+
+    def forward(self, features):
+        """``features``: a ``KeyedJaggedTensor`` with this collection's features; returns a ``KeyedTensor``."""
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        have = features.keys()
+        missing = [f for f in self.keys if f not in have]
+        if missing:
+            raise InputError(f"features: the KeyedJaggedTensor lacks {missing} (it has {have})")
+        if self.is_weighted and features.weights_or_none() is None:
+            raise InputError("features: this collection is weighted; the KeyedJaggedTensor has no weights")
+        if self.is_weighted and not self.weighted_mean and any(g[0].mode == "mean" for g in self._groups):
+            raise NotImplementedError("per_sample_weights: only supported with SUM pooling in this (float torchrec) collection, "
+                                      "as torch.nn.EmbeddingBag; a MEAN table was given weighted features")
+        jts = features.to_dict()
+        streams = []  # per group: per lookup (indices int64, lengths, weights raw | None)
+        B = None
+        for g, (spec, dtype, on_overflow, bounds, rows, lookups) in enumerate(self._groups):
+            fs = self.group_features[g]
+            values = [jts[f].values() for f in fs]
+            lengths = torch.cat([jts[f].lengths() for f in fs]).to(torch.int64)
+            offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+            idx = torch.cat(values)
+            if bounds != "fatal":
+                idx, offsets = fbgemm.bounds_check(bounds, rows, idx, offsets)
+            idx = idx.to(torch.int64).numpy()
+            off = offsets.numpy()
+            F = len(fs)
+            B = (off.shape[0] - 1) // F
+            w = None
+            if self.is_weighted:
+                wt = torch.cat([jts[f].weights() for f in fs]).detach().to(torch.float64).numpy()
+                w = quantize_weights(wt, spec.weight_type, on_overflow)
+            per = []
+            for lk in lookups:
+                parts = []
+                for f in lk.features:
+                    a, b = int(off[f * B]), int(off[(f + 1) * B])
+                    fi = idx[a:b]
+                    if fi.size and (fi.min() < 0 or fi.max() >= rows[f]):
+                        p = int(np.flatnonzero((fi < 0) | (fi >= rows[f]))[0])
+                        raise IndexRangeError(f"indices[{a + p}] = {int(fi[p])} is out of range for feature {fs[f]!r} with {rows[f]} rows")
+                    parts.append((fi, np.diff(off[f * B:(f + 1) * B + 1]), None if w is None else w[a:b]))
+                if lk.part_rows:
+                    (ia, la, _), (ib, lb, _) = parts
+                    if (la != 1).any() or (lb != 1).any():
+                        bad = int(np.flatnonzero((la != 1) | (lb != 1))[0])
+                        raise InputError(f"features {fs[lk.features[0]]!r}, {fs[lk.features[1]]!r}: planned one-hot (merged table "
+                                         f"{lk.plan_name!r}) but bag {bad} holds {int(la[bad])} and {int(lb[bad])} entries")
+                    per.append((ia * lk.part_rows[1] + ib, la, None))
+                else:
+                    per.append(parts[0])
+            streams.append(per)
+        calls = {card: [self._inputs(streams[g], slots, B) for g, slots in by_group] for card, by_group in self._cards.items()}
+        outs = self.engine.run(calls)
+        partial: dict = {}  # (group, lookup, c0, c1) -> [(acc cols, counts)]
+        for card, by_group in self._cards.items():
+            for (g, slots), res in zip(by_group, outs[card]):
+                col = 0
+                for i, sl in enumerate(slots):
+                    w_ = sl.c1 - sl.c0
+                    partial.setdefault((g, sl.lookup, sl.c0, sl.c1), []).append((res["out"][:, col:col + w_], res["count"][:, i]))
+                    col += w_
+        ys = []
+        for g, (spec, dtype, *_, lookups) in enumerate(self._groups):
+            fcol = np.cumsum([0] + [spec.tables[t].dim for t in (spec.feature_table_map or range(spec.num_tables))])
+            raw = np.zeros((B, int(fcol[-1])), dtype=np.int64)
+            for li, lk in enumerate(lookups):
+                full = np.zeros((B, lk.table.dim), dtype=np.int64)
+                for (gg, ll, c0, c1), parts in partial.items():
+                    if (gg, ll) == (g, li):
+                        full[:, c0:c1] = combine_partials(spec, [p[0] for p in parts], [p[1] for p in parts])
+                dims = lk.part_dims or (lk.table.dim,)
+                c = 0
+                for f, d in zip(lk.features, dims):
+                    raw[:, fcol[f]:fcol[f] + d] = full[:, c:c + d]
+                    c += d
+            ys.append(_to_dtype(raw, spec.out_type, dtype))
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+        if self._perm is not None:
+            y = y.index_select(1, self._perm)
+        return KeyedTensor(keys=list(self.keys), length_per_key=list(self.dims), values=y, key_dim=1)
+
+    @staticmethod
+    def _inputs(per: list, slots: Sequence[_Slot], B: int) -> dict:
+        idx_parts, lens, ws = [], [], []
+        for sl in slots:
+            fi, fl, fw = per[sl.lookup]
+            keep = (fi >= sl.r0) & (fi < sl.r1)
+            cum = np.concatenate(([0], np.cumsum(keep, dtype=np.int64)))
+            bag_end = np.cumsum(fl)
+            lens.append(np.diff(np.concatenate(([0], cum[bag_end]))))
+            idx_parts.append(fi[keep] - sl.r0)
+            if fw is not None:
+                ws.append(fw[keep])
+        lengths = np.concatenate(lens)
+        x = {"indices": np.concatenate(idx_parts).astype(np.int64), "offsets": np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)}
+        if ws:
+            x["per_sample_weights"] = np.concatenate(ws)
+        return x
+
+    def close(self) -> None:
+        """Release the cards (the engine's devices or actors)."""
+        self.engine.close()
