@@ -180,7 +180,7 @@ def _ring_cpp(spec: Any, layout: RingLayout) -> str:
         "#define OFFLOAD_RING_CSIM_PARAM",
         "#define OFFLOAD_RING_CSIM_ARG",
         "#else",
-        "#define OFFLOAD_RING_CSIM_PARAM , const offload_ring::Csim *csim",
+        "#define OFFLOAD_RING_CSIM_PARAM , offload_ring::Csim *csim",
         "#define OFFLOAD_RING_CSIM_ARG , csim",
         "#endif",
         "",
