@@ -90,6 +90,19 @@ PREFETCH_AHEAD = 16
 _threads: contextvars.ContextVar[int] = contextvars.ContextVar("offload_sim_embedding_threads", default=1)
 _parallel_lock = threading.Lock()
 _jit_total = [0.0]
+_pool_started: list = []
+
+
+def _start_pool() -> None:
+    """Start numba's thread pool from a thread of its own, once. Started from the calling thread,
+    numba's OpenMP layer leaves that thread's OpenMP thread count at NUMBA_NUM_THREADS, and torch
+    reads its intra-op thread count from the same libgomp: a process that had set 1 thread found 2
+    after its first kernel load (probed on torch 2.13, numba's omp layer)."""
+    if not _pool_started:
+        t = threading.Thread(target=_NUMBA.get_num_threads, name="offload-numba-start")
+        t.start()
+        t.join()
+        _pool_started.append(True)
 
 
 def available() -> bool:
@@ -560,6 +573,7 @@ def _run(p: Plan, tables, params, idx, off, w, parallel_min: int) -> np.ndarray 
     prev = 0
     try:
         if nthreads > 1:
+            _start_pool()
             # numba's thread count is per calling thread; setting it costs ~1 us, so only when it differs
             # (set_num_threads inside the compiled code would make the kernels uncacheable).
             prev = _NUMBA.get_num_threads()
