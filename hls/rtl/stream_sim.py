@@ -139,7 +139,7 @@ int main(int argc, char** argv) {{
     bool offering = false, was_stalled = false;
     uint32_t held_tag = 0;
     const char* what = "";
-    const long limit = rows * (one ? 64L : 8L) * (ready_pct ? 100L / ready_pct + 1 : 1L) + 10000;
+    const long limit = rows * (one ? 64L : 8L) * (100L / ready_pct + 1) * (100L / valid_pct + 1) + 10000;
     top.ap_clk = 0; top.ap_rst_n = 0; top.s_axis_tvalid = 0; top.m_axis_tready = 0; top.eval();
     for (int r = 0; r < {RESET_CYCLES}; ++r) {{ top.ap_clk = 1; top.eval(); top.ap_clk = 0; top.eval(); }}
     top.ap_rst_n = 1; top.eval();
@@ -236,11 +236,9 @@ def run(exe: str | Path, design_dir: str | Path, meta: Mapping[str, object], raw
             raise InputError(f"seed: must be an int in [1, 2**31 - 1], got {seed!r}")
         plusargs = [f"+verilator+seed+{seed}", "+verilator+rand+reset+2"]
     n_out, out_bits = int(meta["n_out"]), int(meta["out_bits"])
-    # TDATA is the lanes padded to bytes; pack() pads the same way (zeros above the lanes).
-    words_in = sim.pack(raw_in, int(meta["in_bits"]))
-    win = _words(tdata_bits(int(meta["n_in"]), int(meta["in_bits"])))
-    packed = np.zeros((rows, win), dtype=np.uint32)
-    packed[:, : min(win, words_in.shape[1])] = words_in[:, :win]
+    # TDATA is the lanes padded to whole bytes, so it fills as many 32-bit words as the lanes do;
+    # pack() zeroes the bits above the lanes.
+    packed = sim.pack(raw_in, int(meta["in_bits"]))
     with tempfile.TemporaryDirectory(prefix="offload-rtlstream-") as tmp:
         t = Path(tmp)
         packed.tofile(t / "in.bin")
