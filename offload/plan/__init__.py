@@ -14,5 +14,6 @@ from offload.plan.plan import SHARDING_TYPES, Plan, Shard, TablePlan
 from offload.plan.planner import PlanError, shard
 from offload.plan.tables import Table, tables_of
 from offload.plan.topology import Topology, Unit
+from offload.plan import trace  # noqa: F401  (offload.plan.trace: index traces)
 
-__all__ = ["Table", "tables_of", "Topology", "Unit", "shard", "PlanError", "Plan", "TablePlan", "Shard", "SHARDING_TYPES"]
+__all__ = ["trace", "Table", "tables_of", "Topology", "Unit", "shard", "PlanError", "Plan", "TablePlan", "Shard", "SHARDING_TYPES"]
