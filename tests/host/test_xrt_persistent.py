@@ -294,7 +294,9 @@ def test_close_during_traffic_drains_then_stops(fakes, tmp_path):
     for t in threads:
         t.start()
     go.set()
-    time.sleep(0.05)
+    end = time.monotonic() + 30
+    while len(ok) < 20 and time.monotonic() < end:  # close in the middle of the traffic
+        time.sleep(0.001)
     dev.close()
     for t in threads:
         t.join()
