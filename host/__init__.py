@@ -15,6 +15,7 @@ from offload.host.device import (
     DeviceTimeout,
     KernelHandle,
     default_device,
+    launch_modes,
     open_device,
     register_device,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "DeviceTimeout",
     "KernelHandle",
     "default_device",
+    "launch_modes",
     "open_device",
     "register_device",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "LAUNCH_MODES",
     "Probe",
     "open_device",
+    "launch_modes",
     "default_device",
     "register_device",
     "probe_devices",
@@ -128,8 +129,9 @@ class Device(Protocol):
 
 DeviceFactory = Callable[..., Device]
 # How a device starts its kernels: one run per call, or started once at load and fed through a
-# ring of requests in memory (offload.kernels.ring). A factory lists the modes it takes as
-# ``launch_modes`` (default: per-call only) and gets any other than per-call as ``launch=``.
+# ring of requests in memory (offload.kernels.ring). Every backend lists the modes it takes as
+# ``launch_modes``, and says in ``launch_why`` why it has no other; it gets any mode other than
+# per-call as ``launch=``.
 LAUNCH_MODES = ("per_call", "persistent")
 DEVICES: Registry[DeviceFactory] = Registry("device backend")
 _DEFAULTS: dict[str, Device] = {}
@@ -168,7 +170,7 @@ def open_device(spec: str | None = None, launch: str = "per_call") -> Device:
     ``None`` means ``$OFFLOAD_DEVICE``, else ``"sim"``. Unknown specs raise ``ValueError``.
     ``launch``: ``"per_call"`` (one kernel run per call) or ``"persistent"`` (kernels started once
     at load, requests through a ring in memory); a backend without that mode raises
-    :class:`UnsupportedError` saying why (its factory's ``launch_why``, if it gives one).
+    :class:`UnsupportedError` saying why (its backend's ``launch_why``).
 
     Example::
 
@@ -183,10 +185,22 @@ def open_device(spec: str | None = None, launch: str = "per_call") -> Device:
     factory = DEVICES.get(prefix)
     if launch == "per_call":
         return factory(spec)
-    if launch not in getattr(factory, "launch_modes", ("per_call",)):
-        why = getattr(factory, "launch_why", None) or f"the {prefix!r} backend starts a kernel per call only"
-        raise UnsupportedError(f"device {spec!r}: no {launch!r} launch mode: {why}")
+    if launch not in factory.launch_modes:
+        raise UnsupportedError(f"device {spec!r}: no {launch!r} launch mode: {factory.launch_why}")
     return factory(spec, launch=launch)
+
+
+def launch_modes(spec: str | None = None) -> tuple[str, ...]:
+    """The launch modes the backend of ``spec`` offers (``"per_call"`` always first).
+
+    Example::
+
+        "persistent" in launch_modes("emu")      # True
+    """
+    prefix = (spec or os.environ.get("OFFLOAD_DEVICE") or "sim").strip().split(":", 1)[0]
+    if prefix not in DEVICES:
+        raise InputError(f"device {spec!r}: unknown backend {prefix!r}; known: {DEVICES.names()}")
+    return tuple(DEVICES.get(prefix).launch_modes)
 
 
 def default_device(spec: str | None = None) -> Device:

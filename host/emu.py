@@ -114,6 +114,7 @@ class EmuDevice(BufferedDevice):
 
     kind = "emu"
     launch_modes = LAUNCH_MODES
+    launch_why = ""  # it has every mode
     #: Seconds a persistent call waits for its answer when the caller gives no ``timeout``:
     #: nothing waits forever.
     deadline = 60.0

@@ -113,6 +113,7 @@ class PynqDevice(BufferedDevice):
     """An Alveo card through PYNQ 3.0; see the module doc."""
 
     kind = "pynq"
+    launch_modes = ("per_call",)
     # open_device(spec, launch="persistent") is refused with this reason (host.device.open_device).
     launch_why = ("PYNQ 3.0 allocates card-memory buffers only (pynq/pl_server/xrt_device.py allocate_bo: "
                   "XCL_BO_DEVICE_RAM, no host_only flag), so no ring in host memory, and this backend does not drive the "

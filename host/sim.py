@@ -30,6 +30,9 @@ class SimDevice:
         out = dev.run(h, inputs)
     """
 
+    launch_modes = ("per_call",)
+    launch_why = "the sim device computes in the caller's thread: there is no kernel to keep running"
+
     def __init__(self, spec: str = "sim") -> None:
         self.name = spec
         self._kernels: list[Kernel] = []

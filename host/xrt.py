@@ -284,6 +284,7 @@ class XrtDevice(BufferedDevice):
 
     kind = "xrt"
     launch_modes = ("per_call", "persistent")  # what open_device(spec, launch=...) may ask for
+    launch_why = ""  # it has every mode
 
     def __init__(self, spec: str = "xrt", launch: str = "per_call") -> None:
         super().__init__(spec)
