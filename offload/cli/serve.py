@@ -16,6 +16,7 @@ __all__ = ["serve_cmd"]
 @click.option("--grpc-port", default=None, type=click.IntRange(0, 65535), help="Also serve OIP v2 over gRPC on this port (Triton's is 8001) [default: off].")
 @click.option("--grpc-max-streams", default=32, show_default=True, type=int, help="Concurrent streams per gRPC connection.")
 @click.option("--device", default="sim", show_default=True, help="sim | emu | xrt:N | pynq:N")
+@click.option("--launch", type=click.Choice(["auto", "per_call", "persistent"]), default="auto", show_default=True, help="Kernel start: a run per batch, or started once and fed through a ring (auto: where the device offers it).")
 @click.option("--max-batch-size", default=64, show_default=True, type=int, help="Rows per device call.")
 @click.option("--max-queue-delay-us", default=100, show_default=True, type=int, help="Longest wait for a fuller batch.")
 @click.option("--max-queue-size", default=1024, show_default=True, type=int, help="Queued requests beyond this get 503.")
@@ -34,7 +35,7 @@ __all__ = ["serve_cmd"]
 @click.option("--replicas", default=1, show_default=True, type=int, help="Ray Serve replicas.")
 @click.option("--ray-resource", default="fpga", show_default=True, help="Ray custom resource that marks a host's cards.")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
-def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, device, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, device_timeout_ms, header_timeout_s, body_timeout_s, max_connections, drain_timeout_s, require_sealed, trusted_keys, use_ray, replicas, ray_resource, log_level):
+def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, device, launch, max_batch_size, max_queue_delay_us, max_queue_size, api_key, fallback, request_timeout_ms, device_timeout_ms, header_timeout_s, body_timeout_s, max_connections, drain_timeout_s, require_sealed, trusted_keys, use_ray, replicas, ray_resource, log_level):
     """Serve BUNDLE over the Open Inference Protocol v2 (KServe/Triton HTTP/REST, and gRPC with --grpc-port)."""
     from offload.serve.config import ServeConfig
     from offload.serve.errors import ConfigError
@@ -42,6 +43,7 @@ def serve_cmd(bundle, host, port, grpc_port, grpc_max_streams, device, max_batch
     try:
         cfg = ServeConfig(
             device=device,
+            launch=launch,
             max_batch_size=max_batch_size,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,

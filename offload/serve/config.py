@@ -23,6 +23,9 @@ class ServeConfig:
     - ``max_queue_size``: queued requests beyond this get 503 at once instead of an unbounded queue.
     - ``request_timeout_ms``: a request not answered by then gets 504 (and leaves the queue).
     - ``device_timeout_ms``: passed to ``Device.run``; a :class:`DeviceTimeout` counts as a device fault.
+    - ``launch``: how the device starts the kernel: ``"per_call"`` (a run a batch),
+      ``"persistent"`` (started once at load, batches through a ring in memory; refused at start-up
+      by a device without it, with the reason) or ``"auto"``, persistent where the device offers it.
     - ``fallback``: on a device fault, ``"sim"`` re-runs the batch on the bit-exact sim device,
       ``"503"`` answers the affected requests with 503; either way the device reopens in the background.
     - ``api_key``: when set, every route but ``/v2/health/*`` needs ``Authorization: Bearer <key>``.
@@ -51,6 +54,7 @@ class ServeConfig:
     max_queue_size: int = 1024
     request_timeout_ms: float = 1000.0
     device_timeout_ms: float = 1000.0
+    launch: Literal["auto", "per_call", "persistent"] = "auto"
     fallback: Literal["sim", "503"] = "sim"
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
@@ -68,6 +72,8 @@ class ServeConfig:
         _int("max_queue_size", self.max_queue_size, 1, 1_000_000)
         _seconds("request_timeout_ms", self.request_timeout_ms, 600_000)
         _seconds("device_timeout_ms", self.device_timeout_ms, 600_000)
+        if self.launch not in ("auto", "per_call", "persistent"):
+            raise ConfigError(f"launch={self.launch!r}: must be 'auto', 'per_call' or 'persistent'")
         if self.fallback not in ("sim", "503"):
             raise ConfigError(f"fallback={self.fallback!r}: must be 'sim' or '503'")
         if self.api_key is not None and not self.api_key:

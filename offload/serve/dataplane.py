@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from offload import __version__
+from offload.host import launch_modes
 from offload.host.bundle import Bundle
 from offload.serve.batcher import DynamicBatcher
 from offload.serve.config import ServeConfig
@@ -41,11 +42,13 @@ _log = logging.getLogger("offload.serve")
 class DataPlane:
     """One served model behind every protocol."""
 
-    def __init__(self, bundle: Bundle, config: ServeConfig | None = None, *, opener: Callable[[str], Any] | None = None) -> None:
+    def __init__(self, bundle: Bundle, config: ServeConfig | None = None) -> None:
         self.config = cfg = config or ServeConfig()
         self.model: ServedModel = served_model(bundle)
         self.metrics = ServeMetrics()
-        kw = {"opener": opener} if opener is not None else {}
+        # A device whose kernel can stay running takes requests through its ring: no kernel start
+        # a batch, and with calls in microseconds the batcher holds no lone request for a timer.
+        self.launch = cfg.launch if cfg.launch != "auto" else ("persistent" if "persistent" in launch_modes(cfg.device) else "per_call")
         self.runner = FailoverRunner(
             self.model.kernel,
             cfg.device,
@@ -56,7 +59,7 @@ class DataPlane:
             timeout_s=cfg.device_timeout_ms / 1e3,
             reopen_backoff_s=cfg.reopen_backoff_s,
             probe=np.zeros((1, self.model.input.width), dtype=np.float32),
-            **kw,
+            launch=self.launch,
         )
         self.batcher = DynamicBatcher(
             self.runner.run,
@@ -72,7 +75,7 @@ class DataPlane:
         self.started = False
         self.draining = False  # set first thing on SIGTERM: readiness goes off before anything closes
         # Which bundle is live, for the audit trail: its manifest digest (None: an unsealed v1 bundle).
-        _log.warning("serving model %r from bundle manifest sha256 %s on device %s", self.model.name, bundle.manifest_sha256 or "none (unsealed v1 bundle)", cfg.device)
+        _log.warning("serving model %r from bundle manifest sha256 %s on device %s (%s launch)", self.model.name, bundle.manifest_sha256 or "none (unsealed v1 bundle)", cfg.device, self.launch)
 
     async def start(self) -> None:
         if not self.started:

@@ -103,7 +103,7 @@ class FailoverRunner:
         timeout_s: float = 1.0,
         reopen_backoff_s: float = 0.5,
         probe: np.ndarray | None = None,
-        opener: Callable[[str], Device] = open_device,
+        launch: str = "per_call",
     ) -> None:
         self.kernel = kernel
         self.device_spec = device
@@ -115,7 +115,7 @@ class FailoverRunner:
         self.deadline_s = deadline_for(timeout_s)
         self._backoff = reopen_backoff_s
         self._probe = probe
-        self._opener = opener
+        self.launch = launch
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._reopener: threading.Thread | None = None
@@ -132,13 +132,13 @@ class FailoverRunner:
         # _run_inline reads a consistent triple without taking the lock (every writer holds it).
         self._live: tuple | None = (self._primary, self._handle, self._fast)
         # The fall-back device is opened up front: a fault must never wait for a cold start.
-        self._sim: Device = opener("sim") if fallback == "sim" else None  # type: ignore[assignment]
+        self._sim: Device = open_device("sim") if fallback == "sim" else None  # type: ignore[assignment]
         self._sim_handle = self._sim.load(kernel) if self._sim is not None else None
         self._compute = metrics.compute_duration.labels(model=model, device=device)
         metrics.set_device_state(device, "up")
 
     def _open(self, spec: str) -> tuple[Device, KernelHandle]:
-        dev = self._opener(spec)
+        dev = open_device(spec, launch=self.launch)
         try:
             return dev, dev.load(self.kernel)
         except BaseException:

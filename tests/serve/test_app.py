@@ -268,3 +268,22 @@ def test_a_device_bug_is_a_device_fault_that_fails_over(bundle):
         assert svc.runner.wait_up(10)
         assert c.post("/v2/models/risk/infer", json=_body(x)).status_code == 200
         assert 'offload_device_faults_total{device="flaky",type="RuntimeError"} 1.0' in c.get("/metrics").text
+
+
+def test_a_persistent_device_serves_through_its_ring_and_sim_refuses_the_mode(bundle):
+    # auto takes the ring where the device has one (emu: the kernel's HLS C++ loop in its own
+    # thread); the answers are the sim device's, bit for bit. A device without the mode is refused
+    # at start-up with the reason, not at the first request.
+    from offload.sim.errors import UnsupportedError
+
+    svc = Service(bundle, ServeConfig(device="emu", max_queue_delay_us=0))
+    assert svc.plane.launch == "persistent"
+    x = np.linspace(-2, 2, 3 * N_IN, dtype=np.float32).reshape(3, N_IN)
+    with live(svc.app) as url, httpx.Client(base_url=f"http://{url}", timeout=60) as c:
+        for i in range(3):
+            r = c.post("/v2/models/risk/infer", json=_body(x[i : i + 1]))
+            assert r.status_code == 200, r.text
+            np.testing.assert_array_equal(np.float32(r.json()["outputs"][0]["data"]), _sim_rows(bundle, x[i : i + 1]).ravel())
+    assert Service(bundle, ServeConfig(device="emu", launch="per_call")).plane.launch == "per_call"
+    with pytest.raises(UnsupportedError, match="'persistent' launch mode"):
+        Service(bundle, ServeConfig(device="sim", launch="persistent"))
