@@ -1,0 +1,113 @@
+"""The data plane on its own, without a protocol in front: what it passes to the batcher and the
+runner, readiness, the model check, its answers against the sim device row by row, refusals as
+:class:`InvalidRequest`, and the metrics it keeps for every request, answered or refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import offload
+from offload import __version__
+from offload.host import open_device
+from offload.host.bundle import load
+from offload.serve.config import ServeConfig
+from offload.serve.dataplane import DataPlane
+from offload.serve.errors import InvalidRequest, QueueFull, UnknownModel
+from offload.serve.types import InferRequest
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """A small MLP bundle, untrained (the plane never looks at what the weights mean)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    calib = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32)
+    path = tmp_path_factory.mktemp("plane") / "tiny"
+    offload.save(offload.nn.MLP.from_float(model, calib=calib, precision="auto"), path, name="tiny")
+    return load(path)
+
+
+def _sample(metric, name: str, **labels) -> float:
+    for fam in metric.collect():
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
+def test_settings_reach_the_batcher_and_the_runner_in_their_units(bundle):
+    cfg = ServeConfig(device="sim", max_batch_size=8, max_queue_delay_us=250, max_queue_size=3,
+                      request_timeout_ms=1500.0, device_timeout_ms=700.0)
+    p = DataPlane(bundle, cfg)
+    assert p.batcher.max_batch_size == 8 and p.batcher.max_queue_size == 3
+    assert p.batcher.max_queue_delay_s == pytest.approx(250e-6, rel=0, abs=1e-15)
+    assert p.runner.timeout_s == pytest.approx(0.7, rel=0, abs=1e-15)
+    assert p.launch == "per_call"  # auto on sim: sim offers no persistent launch
+    assert _sample(p.metrics.fallbacks, "offload_fallbacks_total", model=p.model.name) == 0.0
+    assert any(s.labels.get("model") == p.model.name for fam in p.metrics.fallbacks.collect() for s in fam.samples)
+    p.runner.close()
+
+
+def test_readiness_follows_start_drain_and_the_primary(bundle):
+    async def go():
+        p = DataPlane(bundle, ServeConfig(device="sim", fallback="503"))
+        assert not p.ready()
+        await p.start()
+        assert p.ready()
+        p.runner.state = "down"
+        assert not p.ready()  # no fall-back: a down primary is not ready
+        p.runner.state = "up"
+        p.draining = True
+        assert not p.ready()
+        await p.stop()
+        q = DataPlane(bundle, ServeConfig(device="sim", fallback="sim"))
+        await q.start()
+        q.runner.state = "down"
+        assert q.ready()  # the sim fall-back answers for it
+        await q.stop()
+
+    asyncio.run(go())
+
+
+def test_the_model_check_names_model_and_version(bundle):
+    p = DataPlane(bundle, ServeConfig(device="sim"))
+    name, version = p.model.name, p.model.version
+    p.check_model(name, None)
+    p.check_model(name, "")
+    p.check_model(name, version)
+    with pytest.raises(UnknownModel, match=f"unknown model 'nope'; this server serves {name!r}"):
+        p.check_model("nope", None)
+    with pytest.raises(UnknownModel, match="has no version '999'"):
+        p.check_model(name, "999")
+    assert p.server_metadata() == {"name": "offload", "version": __version__, "extensions": ["binary_tensor_data"]}
+    p.runner.close()
+
+
+def test_infer_answers_each_request_with_the_sim_devices_rows_and_counts_every_request(bundle):
+    width = DataPlane(bundle, ServeConfig(device="sim")).model.input.width
+    x = np.random.default_rng(3).normal(size=(3, width)).astype(np.float32)
+    dev = open_device("sim")
+    h = dev.load(next(iter(bundle.kernels.values())))
+    want = np.concatenate([dev.run(h, {"x": x[i : i + 1].astype(np.float64)})["y"] for i in range(3)]).astype(np.float32)
+    dev.close()
+
+    async def go():
+        p = DataPlane(bundle, ServeConfig(device="sim"))
+        await p.start()
+        r = await p.infer(InferRequest(x, id="k", binary_output=True))
+        assert (r.model, r.version, r.output, r.id, r.binary_output) == (p.model.name, p.model.version, p.model.output, "k", True)
+        np.testing.assert_array_equal(np.asarray(r.y, dtype=np.float32), want)
+        with pytest.raises(InvalidRequest, match=r"^inputs\[0\].data: "):
+            await p.infer(InferRequest(np.full((1, width), np.nan, dtype=np.float32)))
+        n = _sample(p.metrics.request_duration, "offload_request_duration_seconds_count", model=p.model.name)
+        assert n == 2  # the refused request's time is observed too
+        assert p.failed(QueueFull("full")) == 503 and p.failed(InvalidRequest("bad")) == 400
+        assert _sample(p.metrics.errors, "offload_errors_total", type="bad_request") == 1
+        await p.stop()
+
+    asyncio.run(go())
