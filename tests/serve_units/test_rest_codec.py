@@ -87,7 +87,9 @@ def test_binary_data_size_must_be_an_int_equal_to_the_shape_and_to_the_bytes_sen
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     for size in (23, 25, 24.0, True, "24"):
         body, n = _binary(x, size=size)
-        _refused(body, n, match="binary_data_size")
+        _refused(body, n, match="binary_data_size: .*; expected 24 bytes \\(batch 2 x 3 FP32\\)")
+    body, n = _binary(x, size=20)
+    _refused(body[:-4], n, match="expected 24 bytes")  # size and bytes agree, but not with the shape
     body, n = _binary(x)
     _refused(body + b"\0\0\0\0", n, match="body holds 28")   # more bytes than the size says
     _refused(body[:-4], n, match="body holds 20")             # fewer
@@ -104,6 +106,9 @@ def test_binary_data_size_must_be_an_int_equal_to_the_shape_and_to_the_bytes_sen
     (json.dumps({"inputs": [json.loads(_json([1] * 6))["inputs"][0]] * 2}).encode(), "exactly 1 tensor"),
     (_json([1] * 6, tensor={"name": "z"}), "unknown input 'z'"),
     (_json([1] * 6, tensor={"datatype": "FP64"}), "'FP64' is not supported"),
+    (_json([1] * 6, tensor={"datatype": "FP16"}), "'FP16' is not supported"),
+    (_json([1] * 6, tensor={"datatype": "BF16"}), "'BF16' is not supported"),
+    (_json([1] * 6, tensor={"datatype": "INT32"}), "'INT32' is not supported"),
     (_json([1] * 20, shape=(5, 4)), "4 features"),
     (_json([1] * 15, shape=(5, 3)), "batch 5 is outside \\[1, 4\\]"),
 ])
