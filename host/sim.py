@@ -114,6 +114,35 @@ class SimDevice:
 
         return call
 
+    def bind_checked(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[..., np.ndarray] | None:
+        """:meth:`run`'s one output as one prepared call on the kernel's inputs given positionally
+        (the embedding kind: ``(indices, offsets, per_sample_weights)``), checked as :meth:`run`
+        checks them, with the per-call lookups and mappings of :meth:`run` done once; None for a
+        kind (or spec) with no ``bind_checked`` (then call :meth:`run`). ``fp32``: the output as
+        float32, written so by the kind's fast path (the embedding kind: its fused kernels): what
+        the torch op returns for a float32 result. A closed device refuses it as run does.
+
+        Example::
+
+            lookup = dev.bind_checked(h, fp32=True)
+            y = lookup(indices, offsets, None)
+        """
+        self._check_open()
+        k = self._get(handle)
+        kind = get_kind(k.kind)
+        if kind.bind_checked is None:
+            return None
+        call = kind.bind_checked(k.spec, k.tensors, fp32=fp32)
+        if call is None:
+            return None
+
+        def checked(*inputs: np.ndarray | None) -> np.ndarray:
+            if self._closed:  # _check_open's test inline: its frame only when it raises
+                self._check_open()
+            return call(*inputs)
+
+        return checked
+
     def submit(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
         with self._lock:
             self._check_open()

@@ -78,6 +78,8 @@ __all__ = [
     "lookup_of",
     "fused_plan",
     "run_checked",
+    "bind_checked",
+    "float32_of",
     "bag_counts",
     "combine_partials",
     "check_tensors",
@@ -807,6 +809,55 @@ def run_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: 
     return {"out": out}
 
 
+def float32_of(raw: np.ndarray, out_t: FixedType) -> np.ndarray:
+    """Raw ``out_t`` values as float32: ``float32(raw) * 2^-F``, which is ``raw * 2^-F`` rounded once
+    where ``0 <= F <= 126`` (a power of two scales exactly while results stay normal), else the
+    same two steps with ``ldexp`` (2^-F is no normal float32 there). What the fused kernels write
+    when asked for float32 (:func:`bind_checked`)."""
+    y = raw.astype(np.float32)
+    if 0 <= out_t.F <= 126:
+        y *= np.float32(2.0 ** -out_t.F)
+    else:
+        np.ldexp(y, np.int32(-out_t.F), out=y)
+    return y
+
+
+def bind_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], *, fp32: bool = False):
+    """:func:`run_checked`'s ``out`` as one prepared call ``(indices, offsets, per_sample_weights)
+    -> out`` for these (from now on constant) resident tensors: the same checks, errors and path,
+    with the spec's lookups done once. ``fp32``: ``out`` as float32, bit for bit
+    :func:`float32_of` of the raw one, which the fused kernels write directly (no int64 array, no
+    conversion pass) where the output type allows. None for a ``partial`` spec (its call returns
+    the counts too: :func:`run_checked`).
+
+    Example::
+
+        lookup = bind_checked(spec, tensors, fp32=True)
+        y = lookup(indices, offsets, None)        # float32 B x out_dim
+    """
+    if spec.partial:
+        return None
+    lk = lookup_of(spec)
+    tables, params = lk.arrays(tensors)
+    plan, run = fused_plan(spec), _fused().run
+    direct = fp32 and plan.scale32 is not None
+    out_t, pooling = spec.out_type, lk.pooling
+
+    def lookup(indices: np.ndarray, offsets: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+        out = run(plan, tables, params, indices, offsets, w, direct)
+        if out is None:
+            inputs = {"indices": indices, "offsets": offsets}
+            if w is not None:
+                inputs["per_sample_weights"] = w
+            validate(spec, tensors, inputs)
+            out = _sim.lookup(pooling, tables, params, indices, offsets, w)
+        elif direct:
+            return out
+        return float32_of(out, out_t) if fp32 else out
+
+    return lookup
+
+
 def bag_counts(spec: EmbeddingSpec, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
     """Non-padding entries of every bag, ``B x F`` int64 (feature ``f``'s bag ``b`` at ``[b, f]``):
     what a mean divides by, and which bags a max has seen. Inputs validated."""
@@ -861,4 +912,4 @@ def combine_partials(spec: EmbeddingSpec, accs: Sequence[np.ndarray], counts: Se
 
 KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,
                                 tensor_shapes=tensor_shapes, prepare=prepare, run_checked=run_checked,
-                                spec_schema=SPEC_SCHEMA))
+                                bind_checked=bind_checked, spec_schema=SPEC_SCHEMA))

@@ -70,6 +70,11 @@ class KernelKind:
       the call a server whose wire type is FP32 makes, with the rounding done where the kind can
       do it for free (the mlp kind: in its compiled kernel). Rows, not mappings: a server's
       one-row call pays for every frame and dict on its way.
+    - ``bind_checked(spec, tensors, *, fp32)`` (optional), for a kind of one output, is
+      ``run_checked``'s output as one prepared call taking the inputs positionally (the embedding
+      kind: ``(indices, offsets, per_sample_weights)``), same checks and errors, for these (from
+      now on constant) tensors; ``fp32``: that output as float32, written so by the kind's fast
+      path where it can (what the torch op returns). It may return None for a spec it does not bind.
     """
 
     name: str
@@ -82,6 +87,7 @@ class KernelKind:
     prepare: Callable[[Any, Arrays], tuple[dict[str, np.ndarray], float]] | None = None
     run_checked: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]] | None = None
     bind_rows: Callable[..., Callable[[np.ndarray], np.ndarray]] | None = None  # (spec, tensors, *, fp32)
+    bind_checked: Callable[..., Callable[..., np.ndarray] | None] | None = None  # (spec, tensors, *, fp32)
     spec_schema: Mapping[str, Any] | None = None
 
 

@@ -153,6 +153,10 @@ class Plan:
     supported: bool
     reason: str
     tables: tuple[_TablePlan, ...]
+    # 2^-F of out_type as a float32 where 0 <= F <= 126, else None: then float32(raw) * scale is
+    # raw * 2^-F rounded once to float32 (a power of two scales exactly while results stay normal),
+    # the float32 output :func:`run` can write in place of the raw int64 one.
+    scale32: np.float32 | None = None
 
 
 class _Unsupported(Exception):
@@ -236,7 +240,8 @@ def plan(p: Pooling) -> Plan:
             pw = _table_params(p, t, True)[0] if p.mode == "sum" else pu
             tables.append(_TablePlan(pu, pw, plain, acc32, col))
             col += pt.dim
-        return Plan(p, True, "", tuple(tables))
+        F = int(p.out_type.F)
+        return Plan(p, True, "", tuple(tables), np.float32(2.0 ** -F) if 0 <= F <= 126 else None)
     except _Unsupported as e:
         return Plan(p, False, str(e), ())
 
@@ -250,7 +255,7 @@ if numba is not None:
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
-    from numba.extending import intrinsic
+    from numba.extending import intrinsic, overload
 
     @intrinsic
     def prefetch_row(typingctx, ary_t, row_t):
@@ -322,8 +327,21 @@ if numba is not None:
             up = rem > half or (rem == half and (fl & 1) != 0)
         return fit(fl + np.int64(up), p, o)
 
+    def store(row, i, v, osc):
+        """``row[i] = v`` (raw, int64 rows) or ``float32(v) * osc`` (float32 rows); chosen when compiled."""
+
+    @overload(store)
+    def _store(row, i, v, osc):
+        if isinstance(row.dtype, types.Integer):
+            def impl(row, i, v, osc):
+                row[i] = v
+        else:
+            def impl(row, i, v, osc):
+                row[i] = np.float32(v) * osc
+        return impl
+
     @numba.njit(inline="always")
-    def finish(acc, dim, sh, n, p, out, b, col):
+    def finish(acc, dim, sh, n, p, out, b, col, osc):
         """Row ``b`` of ``out`` from the bag's first ``dim`` accumulators (times 2^sh): mean's rounded
         division, then the output cast. Branches sit outside the element loops so the common cases
         vectorise."""
@@ -332,7 +350,7 @@ if numba is not None:
         if p[_P_OUT + _C_KIND] == _EXACT and not mean:
             s = sh + p[_P_OUT + _C_SHIFT]
             for d in range(dim):
-                row[col + d] = np.int64(acc[d]) << s
+                store(row, col + d, np.int64(acc[d]) << s, osc)
             return
         for d in range(dim):
             v = np.int64(acc[d]) << sh
@@ -342,10 +360,10 @@ if numba is not None:
                 else:
                     q = (2 * abs(v) + n) // (2 * n)
                     v = -q if v < 0 else q
-            row[col + d] = cast(v, p, _P_OUT)
+            store(row, col + d, cast(v, p, _P_OUT), osc)
 
     @numba.njit(nogil=True, cache=True)
-    def bags_plain(table, idx, off, t0, b0, b1, p, acc, out, col):
+    def bags_plain(table, idx, off, t0, b0, b1, p, acc, out, col, osc):
         """Unweighted sum/mean, exact terms, no overflow possible: acc += row, shift at the end.
         Returns 1 at the first index outside the table (nothing read there), else 0."""
         dim = table.shape[1]
@@ -371,11 +389,11 @@ if numba is not None:
                 n += 1
                 for d in range(dim):
                     acc[d] += table[r, d]
-            finish(acc, dim, sh, n, p, out, b, col)
+            finish(acc, dim, sh, n, p, out, b, col, osc)
         return 0
 
     @numba.njit(nogil=True, cache=True)
-    def bags_general(table, params, rowwise, idx, off, w, weighted, t0, b0, b1, p, acc, out, col):
+    def bags_general(table, params, rowwise, idx, off, w, weighted, t0, b0, b1, p, acc, out, col, osc):
         """Every other case: per-element term cast, per-step accumulator fit, max. Returns 1 at the
         first index outside the table or weight outside weight_type (nothing read there), else 0."""
         dim = table.shape[1]
@@ -422,26 +440,26 @@ if numba is not None:
                         else:
                             acc[d] += t
                 n += 1
-            finish(acc, dim, 0, n, p, out, b, col)
+            finish(acc, dim, 0, n, p, out, b, col, osc)
         return 0
 
     # One chunk of bags per row of ``scratch`` (_CHUNKS_PER_THREAD per thread); the chunks'
     # accumulator rows never share a cache line (_scratch), so two threads never write one line.
     @numba.njit(nogil=True, cache=True, parallel=True)
-    def par_plain(table, idx, off, t0, nb_, p, scratch, out, col):
+    def par_plain(table, idx, off, t0, nb_, p, scratch, out, col, osc):
         nc = scratch.shape[0]
         bad = 0
         for c in numba.prange(nc):
-            bad += bags_plain(table, idx, off, t0, c * nb_ // nc, (c + 1) * nb_ // nc, p, scratch[c], out, col)
+            bad += bags_plain(table, idx, off, t0, c * nb_ // nc, (c + 1) * nb_ // nc, p, scratch[c], out, col, osc)
         return bad
 
     @numba.njit(nogil=True, cache=True, parallel=True)
-    def par_general(table, params, rowwise, idx, off, w, weighted, t0, nb_, p, scratch, out, col):
+    def par_general(table, params, rowwise, idx, off, w, weighted, t0, nb_, p, scratch, out, col, osc):
         nc = scratch.shape[0]
         bad = 0
         for c in numba.prange(nc):
             bad += bags_general(table, params, rowwise, idx, off, w, weighted, t0, c * nb_ // nc, (c + 1) * nb_ // nc,
-                                p, scratch[c], out, col)
+                                p, scratch[c], out, col, osc)
         return bad
 
     @numba.njit(nogil=True, cache=True)
@@ -461,6 +479,7 @@ if numba is not None:
 
 _EMPTY_PARAMS = np.zeros((0, 2), dtype=np.int64)
 _EMPTY_W = np.zeros(0, dtype=np.int64)
+_ONE32 = np.float32(1.0)  # the scale argument of a raw (int64) call, which ignores it
 
 
 def _scratch(nc: int, dim: int, dtype) -> np.ndarray:
@@ -478,24 +497,24 @@ def _scratch(nc: int, dim: int, dtype) -> np.ndarray:
 _CHUNKS_PER_THREAD = 4
 
 
-def _call_table(tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, nthreads):
+def _call_table(tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, nthreads, osc):
     """One table's bags; ``nthreads`` > 1 runs the parallel kernel on that many threads."""
     parallel = nthreads > 1
     nc = min(nthreads * _CHUNKS_PER_THREAD, B) if parallel else 1
     dim = table.shape[1]
     if tp.plain and w is None:
         if not parallel:
-            return bags_plain(table, idx, off, t0, 0, B, tp.params, np.empty(dim, np.int32 if tp.acc32 else np.int64), out, col)
+            return bags_plain(table, idx, off, t0, 0, B, tp.params, np.empty(dim, np.int32 if tp.acc32 else np.int64), out, col, osc)
         scratch = _scratch(nc, dim, np.int32 if tp.acc32 else np.int64)
-        return par_plain(table, idx, off, t0, B, tp.params, scratch, out, col)
+        return par_plain(table, idx, off, t0, B, tp.params, scratch, out, col, osc)
     weighted = w is not None
     p = tp.params_w if weighted else tp.params
     rowwise = params is not None
     params = params if rowwise else _EMPTY_PARAMS
     w = w if weighted else _EMPTY_W
     if not parallel:
-        return bags_general(table, params, rowwise, idx, off, w, weighted, t0, 0, B, p, np.empty(dim, np.int64), out, col)
-    return par_general(table, params, rowwise, idx, off, w, weighted, t0, B, p, _scratch(nc, dim, np.int64), out, col)
+        return bags_general(table, params, rowwise, idx, off, w, weighted, t0, 0, B, p, np.empty(dim, np.int64), out, col, osc)
+    return par_general(table, params, rowwise, idx, off, w, weighted, t0, B, p, _scratch(nc, dim, np.int64), out, col, osc)
 
 
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -529,9 +548,10 @@ _MAX_THREADS = numba.config.NUMBA_NUM_THREADS if numba is not None else 1
 
 
 def run(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndarray | None], indices: np.ndarray,
-        offsets: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray | None:
+        offsets: np.ndarray, weights: np.ndarray | None = None, fp32: bool = False) -> np.ndarray | None:
     """Raw ``out_type``, int64, ``B x total_dim``: :func:`~offload.sim.embedding.reference.lookup`
-    of the same arguments bit for bit, or None where this path does not answer: an unsupported
+    of the same arguments bit for bit (``fp32``: each raw value ``v`` written as
+    ``float32(v) * p.scale32``, float32, for a plan whose ``scale32`` is set), or None where this path does not answer: an unsupported
     plan, numba missing (warned once), or inputs that break a rule (a dtype, a length, offsets that
     do not start at 0, decrease or miss the end, a bag longer than ``max_bag_size``, an index
     outside its table, a weight outside ``weight_type``). Those rules are checked in Python (the
@@ -540,11 +560,13 @@ def run(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndarray | Non
 
     ``tables[t]``/``params[t]``: as ``lookup`` takes them, holding raw values inside their types.
     """
-    return _run(p, tables, params, indices, offsets, weights, PARALLEL_MIN)
+    return _run(p, tables, params, indices, offsets, weights, PARALLEL_MIN, fp32)
 
 
-def _run(p: Plan, tables, params, idx, off, w, parallel_min: int) -> np.ndarray | None:
+def _run(p: Plan, tables, params, idx, off, w, parallel_min: int, fp32: bool = False) -> np.ndarray | None:
     pooling = p.pooling
+    if fp32 and p.scale32 is None:
+        raise ValueError(f"fp32: out_type {pooling.out_type} has F outside [0, 126]; its float32 output is not a scaled copy")
     if not p.supported or _NUMBA is None:
         if _NUMBA is None:
             _warn_once()
@@ -563,7 +585,8 @@ def _run(p: Plan, tables, params, idx, off, w, parallel_min: int) -> np.ndarray 
     T = len(pooling.tables)
     B = (off.shape[0] - 1) // T
     total_dim = pooling.total_dim
-    out = np.empty((B, total_dim), dtype=np.int64)
+    out = np.empty((B, total_dim), dtype=np.float32 if fp32 else np.int64)
+    osc = p.scale32 if fp32 else _ONE32
     if B == 0:
         return out
     nthreads = min(_threads.get(), _MAX_THREADS)
@@ -580,7 +603,7 @@ def _run(p: Plan, tables, params, idx, off, w, parallel_min: int) -> np.ndarray 
             if prev != nthreads:
                 _NUMBA.set_num_threads(nthreads)
         for t, tp in enumerate(p.tables):
-            bad += _call_table(tp, tables[t], params[t], idx, off, w, t * B, B, out, tp.col, nthreads)
+            bad += _call_table(tp, tables[t], params[t], idx, off, w, t * B, B, out, tp.col, nthreads, osc)
     finally:
         if nthreads > 1:
             if prev != nthreads:
@@ -599,7 +622,8 @@ def _warn_once() -> None:
 
 def warm_up(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndarray | None]) -> float:
     """Compile (or load from numba's disk cache) every variant ``p`` can call on these arrays, for
-    both index dtypes, serial and parallel; returns the seconds it took (0 when nothing was left to do)."""
+    both index dtypes, serial and parallel, raw and (where the plan has ``scale32``) float32 out;
+    returns the seconds it took (0 when nothing was left to do)."""
     if not p.supported or _NUMBA is None:
         return 0.0
     t0 = time.perf_counter()
@@ -607,10 +631,11 @@ def warm_up(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndarray |
     for idx_dt in (np.int64, np.int32):
         for weighted in ((False, True) if p.pooling.mode == "sum" else (False,)):
             for threads in (1, 2):
-                B = 2
-                w = np.zeros(0, dtype=np.int64) if weighted else None
-                with using_threads(threads):
-                    _run(p, tables, params, np.zeros(0, dtype=idx_dt), np.zeros(T * B + 1, dtype=np.int64), w, 0)
+                for fp32 in ((False, True) if p.scale32 is not None else (False,)):
+                    B = 2
+                    w = np.zeros(0, dtype=np.int64) if weighted else None
+                    with using_threads(threads):
+                        _run(p, tables, params, np.zeros(0, dtype=idx_dt), np.zeros(T * B + 1, dtype=np.int64), w, 0, fp32)
     dt = time.perf_counter() - t0
     _jit_total[0] += dt
     return dt

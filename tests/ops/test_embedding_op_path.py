@@ -72,3 +72,74 @@ def test_plain_cpu_calls_skip_the_redispatch_and_others_keep_it(monkeypatch):
     with torch.no_grad():
         got = op(m.rid, idx, off, wg, torch.float32)
     assert len(redispatched) == 2 and not got.requires_grad and torch.equal(got, want)
+
+
+_SPECS = [  # (formats, mode, weighted, max_bag_size, out_type): the fused kernels' plain and general loops, the reference's
+    (["ap_fixed<16,6,AP_RND_CONV,AP_SAT>"], "sum", False, 32, None),
+    (["ap_fixed<16,6>", "int8_rowwise"], "mean", False, 32, None),
+    (["ap_fixed<16,6>"], "sum", True, 32, None),
+    (["ap_fixed<8,3>"], "max", False, 32, None),
+    (["ap_fixed<16,6>"], "sum", False, 32, "ap_fixed<12,4,AP_RND,AP_SAT>"),
+    (["ap_fixed<16,6>"], "sum", False, 32, "ap_fixed<8,12,AP_TRN,AP_SAT>"),  # F = -4: converted after, not in the kernel
+]
+
+
+def _kernel(fmts, mode, max_bag, out_type, rng):
+    from offload.kernels.embedding import TableSpec, make_kernel, make_spec, rowwise_param_type
+
+    w = [rng.normal(size=(40, 8)) * 3 for _ in fmts]
+    tables = [TableSpec(f"t{i}", 40, 8, f, param_type=rowwise_param_type(w[i]) if f == "int8_rowwise" else None, padding_idx=3 if i else None)
+              for i, f in enumerate(fmts)]
+    spec = make_spec(tables, mode=mode, max_bag_size=max_bag, out_type=out_type)
+    return make_kernel("k", spec, w)
+
+
+@pytest.mark.parametrize("case", range(len(_SPECS)))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bound_lookup_writes_float32_bit_for_bit_as_the_raw_output_converted(case, threads):
+    """The sim device's bound call (fused kernels writing float32) against run()'s raw int64 output
+    converted by float32_of; and with bags past max_bag_size (the reference's path) as well."""
+    from offload.host.sim import SimDevice
+    from offload.kernels.embedding import float32_of
+    from offload.sim.embedding.fused import using_threads
+
+    fmts, mode, weighted, max_bag, out_type = _SPECS[case]
+    rng = np.random.default_rng(case)
+    k = _kernel(fmts, mode, max_bag, out_type, rng)
+    dev = SimDevice()
+    h = dev.load(k)
+    T, B = len(fmts), 300
+    for longest in (max_bag, 2 * max_bag):  # the second has bags the fused plan refuses
+        lens = rng.integers(0, longest + 1, T * B)
+        off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        idx = rng.integers(0, 40, int(off[-1])).astype(np.int32)
+        inputs = {"indices": idx, "offsets": off}
+        w = None
+        if weighted:
+            wt = k.spec.weight_type
+            w = inputs["per_sample_weights"] = rng.integers(wt.min_raw, wt.max_raw + 1, idx.shape[0])
+        with using_threads(threads):
+            raw = dev.run(h, inputs)["out"]
+            got = dev.bind_checked(h, fp32=True)(idx, off, w)
+            got_raw = dev.bind_checked(h)(idx, off, w)
+        want = float32_of(raw, k.spec.out_type)
+        assert got.dtype == np.float32 and got.shape == raw.shape
+        assert np.array_equal(got.view(np.int32), want.view(np.int32))
+        assert got_raw.dtype == np.int64 and np.array_equal(got_raw, raw)
+
+
+def test_bound_lookup_refuses_what_run_refuses_and_a_closed_device():
+    from offload.host.sim import SimDevice
+    from offload.sim.errors import DeviceError, IndexRangeError, OffsetsError
+
+    k = _kernel(["ap_fixed<16,6>"], "sum", 8, None, np.random.default_rng(0))
+    dev = SimDevice()
+    h = dev.load(k)
+    lookup = dev.bind_checked(h, fp32=True)
+    with pytest.raises(IndexRangeError, match=r"indices\[1\] = 40"):
+        lookup(np.array([1, 40]), np.array([0, 2]), None)
+    with pytest.raises(OffsetsError, match="must end at len"):
+        lookup(np.array([1, 2]), np.array([0, 1]), None)
+    dev.close()
+    with pytest.raises(DeviceError, match="closed"):
+        lookup(np.array([1, 2]), np.array([0, 2]), None)
