@@ -43,7 +43,7 @@ __all__ = ["shard", "PlanError", "CONSTRAINT_KEYS"]
 
 CONSTRAINT_KEYS = ("card", "sharding", "fmt", "memory", "merge")
 # A table cut at all is cut into this many times the pieces its bytes or traffic need.
-_GRANULE = 4
+_GRANULE = 8
 _MEMORY = {"hbm": "HBM", "ddr": "DDR", "onchip": ONCHIP}
 
 
@@ -350,7 +350,9 @@ def _pieces(state: _State, it: _Item, target: float) -> tuple[list[tuple[int, in
     if _allows(it, "table_row_wise") or requested is None:
         hosts = sorted({state.units[i].host for i in cand})
         room = {h: sum(state.free[i] for i in cand if state.units[i].host == h) for h in hosts}
-        fits = [h for h in hosts if room[h] >= t.bytes * 1.25]
+        banks = {h: sum(state.units[i].host == h for i in cand) for h in hosts}
+        # One host holds the table when it has the room and a bank for every piece its traffic needs.
+        fits = [h for h in hosts if room[h] >= t.bytes * 1.25 and banks[h] >= k]
         if fits:
             h = max(fits, key=lambda h: (room[h], -h))
             cand = [i for i in cand if state.units[i].host == h]

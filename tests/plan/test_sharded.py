@@ -44,11 +44,11 @@ def make_kjt(weighted: bool, seed: int, B: int, one_hot=("c", "d", "g")):
     return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.from_numpy(vals), lengths=torch.from_numpy(lens), weights=w)
 
 
-def plan_for(ebc, fmt, weighted):
+def plan_for(ebc, fmt, weighted, cards_per_host=2):
     tables = [t if t.name not in ("ctx", "dev", "geo") or weighted else P.Table(t.name, t.rows, t.dim, t.fmt, one_hot=True, features=t.features)
               for t in P.tables_of(ebc, fmt=fmt)]
     # U250s (four DDR banks a card, on-chip share off): few banks keep the shard count, hence the test, small.
-    topo = P.Topology(hosts=[["u250", "u250"], ["u250", "u250"]], onchip_share=0.0)
+    topo = P.Topology(hosts=[["u250"] * cards_per_host] * 2, onchip_share=0.0)
     cons = {"big": {"sharding": "row_wise"}, "wide": {"sharding": "column_wise"}, "user": {"sharding": "table_row_wise"}}
     return P.shard(tables, topo, cons, merge_budget=4096)
 
