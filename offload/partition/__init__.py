@@ -50,6 +50,7 @@ def offload(
     max_bag_size: int | None = None,
     holdout: Any = None,
     budget: dict[str, float] | None = None,
+    plan: Any = None,
 ) -> nn.Module:
     """Return ``model`` with embedding lookups and MLP chains moved to an offload device.
 
@@ -64,6 +65,8 @@ def offload(
     chain keeps sensitive ones wide and puts back on the host what no precision can offload within
     the budget (:mod:`offload.partition.accuracy`); ``offload_report.budget`` is
     ``{"metric", "limit", "measured", "met"}``.
+    ``plan``: an :class:`offload.plan.Plan`; every TorchRec EBC found becomes an
+    :class:`offload.nn.ShardedEmbeddingBagCollection` over the plan's cards (local engine).
     The result is a ``torch.fx.GraphModule`` (the unchanged model wrapped, when it cannot be traced)
     with ``offload_report``.
 
@@ -74,7 +77,7 @@ def offload(
     """
     st = start(model, example_inputs, ops=tuple(ops), calib=calib, device=device, card=card, fmt=fmt,
                precision=precision, reuse_factor=reuse_factor, batch_tables=batch_tables, max_bag_size=max_bag_size,
-               holdout=holdout, budget=budget)
+               holdout=holdout, budget=budget, plan=plan)
     find.apply(st)
     if st.gm is None:
         return untraceable(model, st.trace_error, device, st.card)

@@ -78,10 +78,13 @@ def op_reason(target: Any) -> str:
     return ""
 
 
-def build(kind: str, m: nn.Module, fmt: str, device: Any, name: str) -> nn.Module:
-    """The offload module standing for ``m`` (raises OffloadError subclasses on refusal)."""
-    from offload.nn import EmbeddingBagCollection, TableBatchedEmbeddingBags
+def build(kind: str, m: nn.Module, fmt: str, device: Any, name: str, plan: Any = None) -> nn.Module:
+    """The offload module standing for ``m`` (raises OffloadError subclasses on refusal); with a
+    ``plan``, an EBC is sharded over its cards."""
+    from offload.nn import EmbeddingBagCollection, ShardedEmbeddingBagCollection, TableBatchedEmbeddingBags
 
+    if kind == "ebc" and plan is not None:
+        return ShardedEmbeddingBagCollection.from_torchrec(m, plan, "local", fmt=fmt, device=device if isinstance(device, str) else "sim")
     if kind == "ebc":
         return EmbeddingBagCollection.from_torchrec(m, fmt=fmt, device=device)
     return TableBatchedEmbeddingBags.from_fbgemm(m, fmt=fmt, device=device, name=name)

@@ -184,7 +184,9 @@ def _build(st: State, c: Candidate, name: str) -> tuple[nn.Module | None, str]:
     if c.kind == "embedding":
         return build_embedding(c.module, st.fmt, st.device, name), f"{st.fmt} table on {st.report.device}"
     if c.kind in ("ebc", "tbe"):
-        new = recsys.build(c.kind, c.module, st.fmt, st.device, name)
+        new = recsys.build(c.kind, c.module, st.fmt, st.device, name, st.plan)
+        if st.plan is not None and c.kind == "ebc":
+            return new, f"tables sharded over {len(st.plan.cards)} card(s) of the plan"
         calls = len(new.tbes) if c.kind == "ebc" else 1
         return new, f"all tables in {calls} table-batched call(s) on {st.report.device}"
     if c.name not in st.recorded:

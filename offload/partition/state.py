@@ -44,6 +44,7 @@ class State:
     report: OffloadReport
     max_bag_size: int | None = None  # the declared longest bag of the tables (None: the kernels' default)
     holdout: Any = None  # offload.partition.holdout.Holdout: the data and limit of a model-level budget
+    plan: Any = None  # offload.plan.Plan: where every EBC's tables go (sharded over its cards)
     # find
     gm: fx.GraphModule | None = None
     trace_error: Exception | None = None
@@ -90,7 +91,7 @@ def _device_name(device: str | Device | None) -> str:
 
 def start(model: nn.Module, example_inputs: Any, *, ops: tuple[str, ...], calib: Any, device: str | Device | None,
           card: str | Card, fmt: str, precision: Any, reuse_factor: int, batch_tables: bool,
-          max_bag_size: int | None = None, holdout: Any = None, budget: Any = None) -> State:
+          max_bag_size: int | None = None, holdout: Any = None, budget: Any = None, plan: Any = None) -> State:
     """Check ``offload.offload``'s arguments and hold them in a fresh :class:`State`."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -101,5 +102,10 @@ def start(model: nn.Module, example_inputs: Any, *, ops: tuple[str, ...], calib:
     report = OffloadReport(device=_device_name(device), card=card_.name, fmt=fmt)
     if max_bag_size is not None and (isinstance(max_bag_size, bool) or not isinstance(max_bag_size, int) or max_bag_size < 1):
         raise ValueError(f"max_bag_size: expected an integer >= 1 or None, got {max_bag_size!r}")
+    if plan is not None:
+        from offload.plan import Plan
+
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan: expected an offload.plan.Plan, got {type(plan).__name__}")
     return State(model, tuple(ops), device, card_, fmt, precision, reuse_factor, batch_tables, batches, calib is not None, report,
-                 max_bag_size, holdout_.check(holdout, budget, batches))
+                 max_bag_size, holdout_.check(holdout, budget, batches), plan)
