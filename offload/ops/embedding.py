@@ -1,14 +1,22 @@
 """torch.library ops for resident embedding kernels.
 
-``torch.ops.offload.embedding_lookup(rid, indices, offsets, per_sample_weights, dtype)`` runs a
-one-table kernel, ``torch.ops.offload.embedding_lookup_tbe(...)`` a table-batched one (T tables,
-``offsets`` of length ``T*B+1``, result ``B x sum(dims)``). ``rid`` is the resident kernel id from
+``torch.ops.offload.embedding_lookup(rid, indices, offsets, per_sample_weights, dtype,
+include_last_offset=True)`` runs a one-table kernel (``include_last_offset=False``: ``offsets``
+holds each bag's start only, as ``torch.nn.EmbeddingBag`` takes them),
+``torch.ops.offload.embedding_lookup_tbe(rid, indices, offsets, per_sample_weights, dtype)`` a
+table-batched one (T tables, ``offsets`` of length ``T*B+1``, result ``B x sum(dims)``). ``rid`` is the resident kernel id from
 :func:`offload.ops.resident.make_resident`; the kernel's spec fixes mode, formats and padding.
 
 Registered with ``torch.library.Library`` + ``impl`` (CompositeExplicitAutograd, so indices on
 any device dispatch here) and ``register_fake``: measured cheaper per call than
 ``torch.library.custom_op`` (see BENCHMARKS.md, "Embedding"), with the same properties (opcheck,
 no graph break under ``torch.compile(fullgraph=True)``, a node under ``torch.export``).
+
+A call: the dtypes checked, the tensors' memory read as NumPy arrays (copied only where one is
+not contiguous, not on the CPU, or of a narrow integer dtype), the device's one checked pass over
+the values (offsets, indices, weights: the kernel kind's), and the result allocated once, in the
+requested dtype where the device writes it directly (the sim device's fused kernels write
+float32), else converted here.
 
 Example::
 
@@ -25,21 +33,22 @@ import torch
 from offload.ops.autograd import register_inference_only
 from offload.ops.resident import get_resident
 from offload.sim.embedding.fused import using_threads
-from offload.kernels.embedding import quantize_checked
+from offload.kernels.embedding import float32_of, quantize_checked
 from offload.sim.errors import IndexDtypeError, InputError, InputTypeError, UnsupportedError
 
 __all__ = ["lookup_numpy", "quantize_weights"]
 
-_SCHEMA = "(int rid, Tensor indices, Tensor offsets, Tensor? per_sample_weights, ScalarType dtype) -> Tensor"
+_ARGS = "int rid, Tensor indices, Tensor offsets, Tensor? per_sample_weights, ScalarType dtype"
 _lib = torch.library.Library("offload", "FRAGMENT")
-_lib.define("embedding_lookup" + _SCHEMA)
-_lib.define("embedding_lookup_tbe" + _SCHEMA)
+_lib.define(f"embedding_lookup({_ARGS}, bool include_last_offset=True) -> Tensor")
+_lib.define(f"embedding_lookup_tbe({_ARGS}) -> Tensor")
 
 # Index dtypes the ops take (torch's embedding_bag takes int32/int64 only, see
 # aten/src/ATen/native/EmbeddingBag.cpp at v2.13: checkScalarTypes(... {kLong, kInt})). The kernel
 # contract is int32/int64; narrower integers are widened here on the host, losslessly.
 _INDEX_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
-_NARROW = (torch.int16, torch.int8, torch.uint8)
+_NARROW = frozenset((torch.int16, torch.int8, torch.uint8))
+_INDEX_SET = frozenset(_INDEX_DTYPES)
 _NP_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.float64: np.float64}
 
 
@@ -77,17 +86,29 @@ def quantize_weights(w: np.ndarray, wt, on_overflow: str) -> np.ndarray:
     return np.asarray(quantize_checked(wt, w, "per_sample_weights", on_overflow), dtype=np.int64)
 
 
-def _run_raw(res, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None):
+def _run_raw(res, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None, raw_weights: np.ndarray | None = None):
     spec = res.kernel.spec
     inputs = {"indices": indices, "offsets": offsets}
     if per_sample_weights is not None:
         if per_sample_weights.dtype.kind != "f":
             raise InputTypeError(f"per_sample_weights: must be floating point, got {per_sample_weights.dtype}")
-        inputs["per_sample_weights"] = quantize_weights(per_sample_weights.astype(np.float64, copy=False),
-                                                        spec.weight_type, res.on_overflow)
+        raw_weights = quantize_weights(per_sample_weights.astype(np.float64, copy=False), spec.weight_type, res.on_overflow)
+    if raw_weights is not None:
+        inputs["per_sample_weights"] = raw_weights
     # The sim device's fused kernels use as many threads as torch would (other devices ignore it).
     with using_threads(torch.get_num_threads()):
         return res.device.run(res.handle, inputs)["out"], spec.out_type
+
+
+def _bound(res, fp32: bool):
+    """The device's prepared checked call for this kernel (:meth:`SimDevice.bind_checked`), bound
+    once per resident kernel and output kind; None where the device has none (then ``run``)."""
+    try:
+        return res.bound[fp32]
+    except KeyError:
+        bind = getattr(res.device, "bind_checked", None)  # a host-memory device's option, not in the Device protocol
+        call = res.bound[fp32] = None if bind is None else bind(res.handle, fp32=fp32)
+        return call
 
 
 def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None) -> np.ndarray:
@@ -101,17 +122,8 @@ def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_
 
 
 def _to_dtype(raw: np.ndarray, out_t, dtype: torch.dtype) -> torch.Tensor:
-    if dtype == torch.float32 and 0 <= out_t.F <= 126:
-        # round(raw) * 2^-F in float32 equals round(raw * 2^-F): scaling by a power of two commutes
-        # with rounding while results stay normal (|value| >= 2^-F >= 2^-126 for 0 <= F <= 126).
-        # A multiply by the exact float32 2^-F instead of ldexp: ~1 us against ~9 us for a small result.
-        y = raw.astype(np.float32)
-        y *= np.float32(2.0 ** -out_t.F)
-        return torch.from_numpy(y)
-    if dtype == torch.float32:  # F outside [0, 126] (2^-F not a normal float32): the two steps as before
-        y = raw.astype(np.float32)
-        np.ldexp(y, np.int32(-out_t.F), out=y)
-        return torch.from_numpy(y)
+    if dtype == torch.float32:  # what the fused kernels write when asked for float32
+        return torch.from_numpy(float32_of(raw, out_t))
     out = np.asarray(out_t.to_float(raw), dtype=np.float64)
     np_dt = _NP_DTYPES.get(dtype)
     return torch.from_numpy(out.astype(np_dt)) if np_dt is not None else torch.from_numpy(out).to(dtype)
@@ -120,27 +132,53 @@ def _to_dtype(raw: np.ndarray, out_t, dtype: torch.dtype) -> torch.Tensor:
 _INDEX_NAMES = ", ".join(str(d).replace("torch.", "") for d in _INDEX_DTYPES)
 
 
-def _check(indices: torch.Tensor, offsets: torch.Tensor, psw: Optional[torch.Tensor]) -> None:
-    if indices.dtype not in _INDEX_DTYPES:
-        raise IndexDtypeError(f"indices: dtype must be one of {_INDEX_NAMES}, got {indices.dtype}")
-    if offsets.dtype not in _INDEX_DTYPES:
-        raise IndexDtypeError(f"offsets: dtype must be one of {_INDEX_NAMES}, got {offsets.dtype}")
-    if psw is not None and not psw.dtype.is_floating_point:
-        raise InputTypeError(f"per_sample_weights: dtype must be floating point, got {psw.dtype}")
+def _dtype_error(indices: torch.Tensor, offsets: torch.Tensor, psw: Optional[torch.Tensor]) -> Exception:
+    if indices.dtype not in _INDEX_SET:
+        return IndexDtypeError(f"indices: dtype must be one of {_INDEX_NAMES}, got {indices.dtype}")
+    if offsets.dtype not in _INDEX_SET:
+        return IndexDtypeError(f"offsets: dtype must be one of {_INDEX_NAMES}, got {offsets.dtype}")
+    return InputTypeError(f"per_sample_weights: dtype must be floating point, got {psw.dtype}")
+
+
+def _with_end(off: np.ndarray, n: int) -> np.ndarray:
+    """Bag starts plus the end, ``len(indices)``: the offsets the kernels take (int64)."""
+    full = np.empty(off.shape[0] + 1, dtype=np.int64)
+    full[:-1] = off
+    full[-1] = n
+    return full
 
 
 def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor], dtype: torch.dtype,
-          single: bool = False) -> torch.Tensor:
-    _check(indices, offsets, per_sample_weights)
+          include_last_offset: bool = True, single: bool = False) -> torch.Tensor:
+    if indices.dtype not in _INDEX_SET or offsets.dtype not in _INDEX_SET or not (
+            per_sample_weights is None or per_sample_weights.dtype.is_floating_point):
+        raise _dtype_error(indices, offsets, per_sample_weights)
     res = get_resident(rid)
+    spec = res.kernel.spec
     idx, off = _host(indices), _host(offsets)
+    if not include_last_offset:
+        off = _with_end(off, idx.shape[0])
     w = None if per_sample_weights is None else _host_weights(per_sample_weights)
     if single:
-        if res.kernel.spec.num_tables != 1:
+        if spec.num_tables != 1:
             raise InputError("embedding_lookup: the kernel has several tables; use embedding_lookup_tbe")
-        idx, off, w = _last_bag_as_torch(res.kernel.spec, idx, off, w)
-    raw, out_t = _run_raw(res, idx, off, w)
-    y = _to_dtype(raw, out_t, dtype)
+        if include_last_offset:
+            idx, off, w = _last_bag_as_torch(spec, idx, off, w)
+    if w is not None:
+        w = quantize_weights(w, spec.weight_type, res.on_overflow)
+    fp32 = dtype == torch.float32
+    lookup = _bound(res, fp32)
+    if lookup is None:
+        raw, out_t = _run_raw(res, idx, off, None, w)
+        y = _to_dtype(raw, out_t, dtype)
+    else:
+        n = torch.get_num_threads()
+        if n == 1:  # the fused kernels' default: no context to enter
+            out = lookup(idx, off, w)
+        else:
+            with using_threads(n):
+                out = lookup(idx, off, w)
+        y = torch.from_numpy(out) if fp32 else _to_dtype(out, spec.out_type, dtype)
     return y if indices.is_cpu else y.to(indices.device)
 
 
@@ -167,8 +205,18 @@ def _last_bag_as_torch(spec, idx: np.ndarray, off: np.ndarray, w: np.ndarray | N
     return idx[:last], off, None if w is None else w[:last]
 
 
-def _impl_single(rid, indices, offsets, per_sample_weights, dtype):
-    return _impl(rid, indices, offsets, per_sample_weights, dtype, single=True)
+def _impl_single(rid, indices, offsets, per_sample_weights, dtype, include_last_offset=True):
+    return _impl(rid, indices, offsets, per_sample_weights, dtype, include_last_offset, True)
+
+
+def _impl_tbe(rid, indices, offsets, per_sample_weights, dtype):
+    return _impl(rid, indices, offsets, per_sample_weights, dtype)
+
+
+def _fake_single(rid, indices, offsets, per_sample_weights, dtype, include_last_offset=True):
+    spec = get_resident(rid).kernel.spec
+    b = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    return indices.new_empty((b, spec.out_dim), dtype=dtype)
 
 
 def _fake(rid, indices, offsets, per_sample_weights, dtype):
@@ -178,8 +226,8 @@ def _fake(rid, indices, offsets, per_sample_weights, dtype):
 
 
 _lib.impl("embedding_lookup", _impl_single, "CompositeExplicitAutograd")
-_lib.impl("embedding_lookup_tbe", _impl, "CompositeExplicitAutograd")
-torch.library.register_fake("offload::embedding_lookup", _fake, lib=_lib)
+_lib.impl("embedding_lookup_tbe", _impl_tbe, "CompositeExplicitAutograd")
+torch.library.register_fake("offload::embedding_lookup", _fake_single, lib=_lib)
 torch.library.register_fake("offload::embedding_lookup_tbe", _fake, lib=_lib)
 register_inference_only("offload::embedding_lookup", _lib, _impl_single)
-register_inference_only("offload::embedding_lookup_tbe", _lib, _impl)
+register_inference_only("offload::embedding_lookup_tbe", _lib, _impl_tbe)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from offload.host import Device, KernelHandle, default_device
 from offload.kernels import Kernel
@@ -26,6 +26,9 @@ class Resident:
     # What a call does with inputs outside the kernel's formats (embedding per-sample weights):
     # "warn" (saturate, warn with count and worst value), "raise" or "saturate" (silently).
     on_overflow: str = "warn"
+    # The device's prepared calls for this kernel, bound at first use by the op that needs them
+    # (offload.ops.embedding: output kind -> call, None where the device has none).
+    bound: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 _TABLE: dict[int, Resident] = {}
