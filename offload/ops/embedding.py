@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from offload.ops.autograd import register_inference_only
-from offload.ops.resident import get_resident
+from offload.ops.resident import bound_call, get_resident
 from offload.sim.embedding.fused import using_threads
 from offload.kernels.embedding import float32_of, quantize_checked
 from offload.sim.errors import IndexDtypeError, InputError, InputTypeError, UnsupportedError
@@ -100,17 +100,6 @@ def _run_raw(res, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: 
         return res.device.run(res.handle, inputs)["out"], spec.out_type
 
 
-def _bound(res, fp32: bool):
-    """The device's prepared checked call for this kernel (:meth:`SimDevice.bind_checked`), bound
-    once per resident kernel and output kind; None where the device has none (then ``run``)."""
-    try:
-        return res.bound[fp32]
-    except KeyError:
-        bind = getattr(res.device, "bind_checked", None)  # a host-memory device's option, not in the Device protocol
-        call = res.bound[fp32] = None if bind is None else bind(res.handle, fp32=fp32)
-        return call
-
-
 def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_weights: np.ndarray | None) -> np.ndarray:
     """Run the resident kernel on host arrays; returns the float64 pooled rows ``B x total_dim``.
 
@@ -167,7 +156,7 @@ def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_wei
     if w is not None:
         w = quantize_weights(w, spec.weight_type, res.on_overflow)
     fp32 = dtype == torch.float32
-    lookup = _bound(res, fp32)
+    lookup = bound_call(res, "bind_checked", fp32)
     if lookup is None:
         raw, out_t = _run_raw(res, idx, off, None, w)
         y = _to_dtype(raw, out_t, dtype)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from offload.host import Device, KernelHandle, default_device
 from offload.kernels import Kernel
 
-__all__ = ["Resident", "make_resident", "get_resident", "release_resident"]
+__all__ = ["Resident", "make_resident", "get_resident", "release_resident", "bound_call"]
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,7 @@ class Resident:
     # What a call does with inputs outside the kernel's formats (embedding per-sample weights):
     # "warn" (saturate, warn with count and worst value), "raise" or "saturate" (silently).
     on_overflow: str = "warn"
-    # The device's prepared calls for this kernel, bound at first use by the op that needs them
-    # (offload.ops.embedding: output kind -> call, None where the device has none).
+    # The device's prepared calls for this kernel, bound at first use (see bound_call).
     bound: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -56,3 +55,23 @@ def get_resident(rid: int) -> Resident:
 def release_resident(rid: int) -> None:
     with _LOCK:
         _TABLE.pop(int(rid), None)
+
+
+def bound_call(res: Resident, method: str, fp32: bool):
+    """``res.device.<method>(res.handle, fp32=fp32)`` (``"bind_rows"``, ``"bind_checked"``: a
+    device's prepared call for one kernel), bound once per resident kernel and kept on it; None
+    where the device has no such method (``bind_checked`` is the host-memory sim device's option,
+    not part of the Device protocol) or returns None for this kernel: then the op calls ``run``.
+
+    Example::
+
+        rows = bound_call(res, "bind_rows", True)
+        y = rows(x) if rows is not None else res.device.run(res.handle, {"x": x})["y"]
+    """
+    key = (method, fp32)
+    try:
+        return res.bound[key]
+    except KeyError:
+        bind = getattr(res.device, method, None)
+        call = res.bound[key] = None if bind is None else bind(res.handle, fp32=fp32)
+        return call
