@@ -18,9 +18,13 @@ and prints lookups/s and the ratio to torch. ``--prefetch 0`` turns the kernels'
 (to measure what it buys). Then the per-call dispatch overhead of the op registration: ``torch.library``
 Library+impl (what offload uses) against ``torch.library.custom_op`` and a direct Python call.
 
+``--ids`` picks the index distribution: ``uniform`` (default), synthetic ``zipf``, or ``movielens``
+(MovieLens-100k's real film stream, each user's ratings in time order: real popularity and
+locality over its 1683-row table).
+
 Usage::
 
-    .venv/bin/python bench/bench_embedding.py [--threads 1,2] [--rows 100000] [--dim 64] [--fmt ...]
+    .venv/bin/python bench/bench_embedding.py [--threads 1,2] [--rows 100000] [--dim 64] [--fmt ...] [--ids movielens]
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import numpy as np
 import torch
 
 import offload
+from offload.data.movielens import load_movielens
+from offload.data.synthetic import zipf_ids
 from offload.host.sim import SimDevice
 from offload.kernels import get_kind
 from offload.kernels.embedding import fused_plan, lookup_of
@@ -55,8 +61,25 @@ def _interleaved(fns: dict, rounds: int) -> dict[str, float]:
     return best
 
 
+def _id_source(kind: str, rows: int, rng: np.random.Generator):
+    """``draw(count) -> ids`` for ``--ids``: uniform, Zipf (s=1.05, ranks permuted over the table), or
+    MovieLens-100k's films in each user's time order (real popularity and locality; the table then has
+    the data set's 1683 rows), read from windows at random starts of that stream."""
+    if kind == "uniform":
+        return lambda count: rng.integers(0, rows, count)
+    if kind == "zipf":
+        perm = rng.permutation(rows)
+        return lambda count: zipf_ids(rng, rows, count, 1.05, perm)
+    stream, _ = load_movielens().item_bags()
+
+    def movielens(count: int) -> np.ndarray:
+        starts = rng.integers(0, len(stream) - 1, -(-count // 64))
+        return np.concatenate([stream[s:s + 64] if s + 64 <= len(stream) else stream[-64:] for s in starts])[:count]
+    return movielens
+
+
 def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, threads, rounds: int, peers: bool,
-                     seed: int = 0, ragged: bool = False) -> list[dict]:
+                     seed: int = 0, ragged: bool = False, ids: str = "uniform") -> list[dict]:
     torch.manual_seed(seed)
     tbag = torch.nn.EmbeddingBag(rows, dim, mode="sum")
     m = offload.nn.EmbeddingBag.from_float(tbag, fmt=fmt, max_bag_size=2 * max(bags), device="sim")
@@ -69,6 +92,7 @@ def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, threads, roun
     tables, params = lookup_of(kernel.spec).arrays(aligned)
     table = kernel.tensors["table0"]
     rng = np.random.default_rng(seed)
+    draw = _id_source(ids, rows, rng)
     out = []
     for B in batches:
         for L in bags:
@@ -77,7 +101,7 @@ def bench_throughput(rows: int, dim: int, fmt: str, batches, bags, threads, roun
                 off_np = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
             else:
                 off_np = np.arange(B + 1, dtype=np.int64) * L
-            idx_np = rng.integers(0, rows, int(off_np[-1])).astype(np.int64)
+            idx_np = draw(int(off_np[-1])).astype(np.int64)
             idx, off = torch.from_numpy(idx_np), torch.from_numpy(off_np[:-1])
             inputs = {"indices": idx_np, "offsets": off_np}
             n = int(off_np[-1])
@@ -143,17 +167,21 @@ def main() -> None:
     ap.add_argument("--ragged-batch", type=int, default=0, help="also time ragged bags (lengths 0..2L) at this batch; 0: skip")
     ap.add_argument("--prefetch", type=int, default=fused.PREFETCH_AHEAD, help="rows the fused kernels prefetch ahead (0: off)")
     ap.add_argument("--peers", action="store_true", help="also time the NumPy reference and np.take")
+    ap.add_argument("--ids", choices=("uniform", "zipf", "movielens"), default="uniform",
+                    help="index distribution: uniform, synthetic Zipf (s=1.05), or MovieLens-100k's real stream (1683-row table; needs the data extra)")
     a = ap.parse_args()
+    if a.ids == "movielens":
+        a.rows = load_movielens().n_items + 1
     fused.PREFETCH_AHEAD = a.prefetch
     batches = [int(x) for x in a.batches.split(",")]
     bags = [int(x) for x in a.bags.split(",")]
     threads = [int(x) for x in a.threads.split(",")]
-    print(f"# rows={a.rows} dim={a.dim} fmt={a.fmt} threads={threads} prefetch={a.prefetch} "
+    print(f"# ids={a.ids} rows={a.rows} dim={a.dim} fmt={a.fmt} threads={threads} prefetch={a.prefetch} "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')} load={os.getloadavg()[0]:.2f} "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
-    rows = bench_throughput(a.rows, a.dim, a.fmt, batches, bags, threads, a.rounds, a.peers)
+    rows = bench_throughput(a.rows, a.dim, a.fmt, batches, bags, threads, a.rounds, a.peers, ids=a.ids)
     if a.ragged_batch:
-        rows += bench_throughput(a.rows, a.dim, a.fmt, [a.ragged_batch], bags, threads, a.rounds, a.peers, seed=1, ragged=True)
+        rows += bench_throughput(a.rows, a.dim, a.fmt, [a.ragged_batch], bags, threads, a.rounds, a.peers, seed=1, ragged=True, ids=a.ids)
     print(f"# JIT: {fused.jit_seconds():.2f} s (warm-up at load, from numba's disk cache when warm); load after: {os.getloadavg()[0]:.2f}")
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     print("| threads | batch | bag | torch f32 lookups/s | " + " | ".join(f"{i} x torch" for i in impls[1:]) + " |")

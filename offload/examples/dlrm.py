@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 
 import offload
+from offload.data.synthetic import zipf_ids
 from offload.quant.metrics import auc
 
 __all__ = ["DLRMConfig", "DLRM", "ClickData", "make_clicks", "build", "build_with_data", "run", "DLRMResult", "TorchRecDLRM", "run_torchrec"]
@@ -180,13 +181,6 @@ class _Teacher:
         self.perm = [rng.permutation(n) for n in cfg.table_rows]
 
 
-def _zipf_ids(rng: np.random.Generator, n_rows: int, count: int, s: float, perm: np.ndarray) -> np.ndarray:
-    # Inverse-CDF sampling of P(rank k) ~ 1/k^s over the table's rows.
-    cdf = np.cumsum(1.0 / np.arange(1, n_rows + 1, dtype=np.float64) ** s)
-    ranks = np.searchsorted(cdf, rng.random(count) * cdf[-1])
-    return perm[np.minimum(ranks, n_rows - 1)]
-
-
 def make_clicks(cfg: DLRMConfig, n: int, seed: int = 0, teacher: _Teacher | None = None) -> ClickData:
     """``n`` synthetic impressions with Zipf-distributed ids and teacher labels (about 25 % clicks)."""
     rng = np.random.default_rng(seed)
@@ -197,7 +191,7 @@ def make_clicks(cfg: DLRMConfig, n: int, seed: int = 0, teacher: _Teacher | None
     indices, offsets = [], []
     for t, rows in enumerate(cfg.table_rows):
         lens = 1 + rng.poisson(max(cfg.mean_bag[t] - 1, 0), n)
-        ids = _zipf_ids(rng, rows, int(lens.sum()), cfg.zipf_s, teacher.perm[t])
+        ids = zipf_ids(rng, rows, int(lens.sum()), cfg.zipf_s, teacher.perm[t])
         off = np.concatenate([[0], np.cumsum(lens)[:-1]])
         bag_score = np.add.reduceat(teacher.row_score[t][ids], off) / np.sqrt(lens)
         logit += 0.5 * bag_score

@@ -14,7 +14,7 @@ import numpy as np
 
 from offload.sim.errors import InputError
 
-__all__ = ["auc", "output_error", "OUTPUT_METRICS"]
+__all__ = ["auc", "auc_drop_stderr", "output_error", "OUTPUT_METRICS"]
 
 
 def auc(labels: Any, scores: Any) -> float:
@@ -58,3 +58,37 @@ def output_error(metric: str, y_float: Any, y_fixed: Any, labels: Any = None) ->
     if metric == "max_abs_err":
         return float(np.max(np.abs(a - b))) if a.size else 0.0
     raise InputError(f"output_error: metric must be one of {list(OUTPUT_METRICS)}, got {metric!r}")
+
+
+def _midranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``x`` with ties at their average rank."""
+    order = np.argsort(x, kind="mergesort")
+    _, first, counts = np.unique(x[order], return_index=True, return_counts=True)
+    r = np.empty(len(x), dtype=np.float64)
+    r[order] = np.repeat(first + (counts + 1) / 2.0, counts)
+    return r
+
+
+def auc_drop_stderr(labels: Any, y_float: Any, y_fixed: Any) -> float:
+    """Standard error of ``auc(labels, y_float) - auc(labels, y_fixed)`` on these rows: DeLong's
+    variance of the difference of two correlated AUCs (DeLong, DeLong and Clarke-Pearson,
+    Biometrics 1988), computed with midranks as in Sun and Xu (IEEE SPL 2014).
+
+    Example::
+
+        drop = auc(y, p) - auc(y, q); upper = drop + 1.645 * auc_drop_stderr(y, p, q)
+    """
+    y = np.asarray(labels).ravel() > 0.5
+    scores = [np.asarray(s, dtype=np.float64).ravel() for s in (y_float, y_fixed)]
+    m, n = int(y.sum()), int((~y).sum())
+    if m < 2 or n < 2:
+        raise InputError("auc_drop_stderr: labels need at least two positives and two negatives")
+    v01, v10 = [], []
+    for s in scores:
+        pos, neg = s[y], s[~y]
+        tz = _midranks(np.concatenate([pos, neg]))
+        v01.append((tz[:m] - _midranks(pos)) / n)  # each positive's share of negatives ranked below it
+        v10.append(1.0 - (tz[m:] - _midranks(neg)) / m)  # each negative's share of positives ranked above it
+    sx, sy = np.cov(np.stack(v01)), np.cov(np.stack(v10))
+    s = sx / m + sy / n
+    return float(np.sqrt(max(0.0, s[0, 0] + s[1, 1] - 2.0 * s[0, 1])))
