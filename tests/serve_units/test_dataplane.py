@@ -5,6 +5,7 @@ runner, readiness, the model check, its answers against the sim device row by ro
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -99,6 +100,7 @@ def test_infer_answers_each_request_with_the_sim_devices_rows_and_counts_every_r
     async def go():
         p = DataPlane(bundle, ServeConfig(device="sim"))
         await p.start()
+        t0 = time.perf_counter()
         r = await p.infer(InferRequest(x, id="k", binary_output=True))
         assert (r.model, r.version, r.output, r.id, r.binary_output) == (p.model.name, p.model.version, p.model.output, "k", True)
         np.testing.assert_array_equal(np.asarray(r.y, dtype=np.float32), want)
@@ -106,8 +108,27 @@ def test_infer_answers_each_request_with_the_sim_devices_rows_and_counts_every_r
             await p.infer(InferRequest(np.full((1, width), np.nan, dtype=np.float32)))
         n = _sample(p.metrics.request_duration, "offload_request_duration_seconds_count", model=p.model.name)
         assert n == 2  # the refused request's time is observed too
+        took = _sample(p.metrics.request_duration, "offload_request_duration_seconds_sum", model=p.model.name)
+        assert 0 < took <= time.perf_counter() - t0  # seconds each request took, no more
         assert p.failed(QueueFull("full")) == 503 and p.failed(InvalidRequest("bad")) == 400
         assert _sample(p.metrics.errors, "offload_errors_total", type="bad_request") == 1
         await p.stop()
 
     asyncio.run(go())
+
+
+def test_the_request_timeout_reaches_the_batcher_in_seconds(bundle, monkeypatch):
+    seen = []
+
+    async def infer(rows, timeout):
+        seen.append(timeout)
+        return np.zeros((len(rows), 1), np.float32)
+
+    async def go():
+        p = DataPlane(bundle, ServeConfig(device="sim", request_timeout_ms=1500.0))
+        monkeypatch.setattr(p.batcher, "infer", infer)
+        await p.infer(InferRequest(np.zeros((1, p.model.input.width), np.float32)))
+        p.runner.close()
+
+    asyncio.run(go())
+    assert seen == [1.5]

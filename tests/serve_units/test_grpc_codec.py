@@ -48,6 +48,7 @@ def test_request_refusals_name_the_field():
     none = pb.ModelInferRequest(model_name="risk")
     _refused(none, "got 0")
     _refused(_req(name="z"), "unknown input 'z'")
+    _refused(_req(name="a"), "unknown input 'a'")  # names sorting before the model's too
     _refused(_req(datatype="FP16"), "'FP16' is not supported")
     _refused(_req(x=np.zeros((5, 3), np.float32)), r"batch 5 is outside \[1, 4\]")
     decode_infer(_req(x=np.zeros((4, 3), np.float32)), INP, OUT, 4)  # the last batch accepted
