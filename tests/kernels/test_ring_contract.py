@@ -57,3 +57,22 @@ def test_capacity_of_a_request_scales_with_its_rows_and_the_specs_shape():
     assert request_capacity(emb, 3) == {"indices": 24, "offsets": 7, "per_sample_weights": 24, "out": 72}
     with pytest.raises(InputError, match="ring rows: 0 must be at least 1"):
         request_capacity(mlp, 0)
+
+
+def test_each_view_is_its_fields_bytes_in_its_slot():
+    slot = slot_layout([Field("n", "scalar", "int32", 1), Field("w", "scalar", "int32", 1), Field("x", "input", "int16", 3)])
+    lay = RingLayout(slots=2, slot=slot)
+    buf = lay.allocate()
+    for s in (0, 1):
+        base = lay.slot_offset(s)
+        for name, at, v in (("n", 64, -3 - s), ("w", 72, 7 + s)):  # scalars 8 bytes apart from line 1
+            view = lay.view(buf, s, name)
+            assert view.dtype == np.int64 and view.shape == (1,)
+            view[0] = v
+            assert int.from_bytes(buf[base + at : base + at + 8].tobytes(), "little", signed=True) == v
+        x = lay.view(buf, s, "x")
+        assert x.dtype == np.int16 and x.shape == (3,)
+        x[:] = [1, -2, 3 + s]
+        assert buf[base + 128 : base + 134].view("<i2").tolist() == [1, -2, 3 + s]
+    with pytest.raises(KeyError, match="no field 'q'"):
+        lay.view(buf, 0, "q")
