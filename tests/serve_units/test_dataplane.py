@@ -81,10 +81,12 @@ def test_the_model_check_names_model_and_version(bundle):
     p.check_model(name, None)
     p.check_model(name, "")
     p.check_model(name, version)
-    with pytest.raises(UnknownModel, match=f"unknown model 'nope'; this server serves {name!r}"):
-        p.check_model("nope", None)
-    with pytest.raises(UnknownModel, match="has no version '999'"):
-        p.check_model(name, "999")
+    for other in ("a", name[:-1], name + "a", "zzz"):  # names sorting before and after the model's
+        with pytest.raises(UnknownModel, match=f"unknown model {other!r}; this server serves {name!r}"):
+            p.check_model(other, None)
+    for other in ("0", version + "0", "999"):
+        with pytest.raises(UnknownModel, match=f"has no version {other!r}"):
+            p.check_model(name, other)
     assert p.server_metadata() == {"name": "offload", "version": __version__, "extensions": ["binary_tensor_data"]}
     p.runner.close()
 
