@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from offload.kernels import Kernel
-from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, ROWWISE, EmbeddingSpec, TableSpec, combine_partials
+from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, EmbeddingSpec, TableSpec, combine_partials
 from offload.nn.ebc import EmbeddingBagCollection
 from offload.nn import fbgemm
 from offload.ops.embedding import _to_dtype, quantize_weights
