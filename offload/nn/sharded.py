@@ -25,7 +25,7 @@ from offload.kernels import Kernel
 from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, EmbeddingSpec, TableSpec, combine_partials
 from offload.nn.ebc import EmbeddingBagCollection
 from offload.nn import fbgemm
-from offload.ops.embedding import _to_dtype, quantize_weights
+from offload.ops.embedding import quantize_weights, raw_to_tensor
 from offload.plan.engine import open_engine
 from offload.plan.plan import Plan
 from offload.sim.errors import IndexRangeError, InputError, UnsupportedError
@@ -233,7 +233,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 for f, d in zip(lk.features, dims):
                     raw[:, fcol[f]:fcol[f] + d] = full[:, c:c + d]
                     c += d
-            ys.append(_to_dtype(raw, spec.out_type, dtype))
+            ys.append(raw_to_tensor(raw, spec.out_type, dtype))
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
         if self._perm is not None:
             y = y.index_select(1, self._perm)

@@ -36,7 +36,7 @@ from offload.sim.embedding.fused import using_threads
 from offload.kernels.embedding import float32_of, quantize_checked
 from offload.sim.errors import IndexDtypeError, InputError, InputTypeError, UnsupportedError
 
-__all__ = ["lookup_numpy", "quantize_weights"]
+__all__ = ["lookup_numpy", "quantize_weights", "raw_to_tensor"]
 
 _ARGS = "int rid, Tensor indices, Tensor offsets, Tensor? per_sample_weights, ScalarType dtype"
 _lib = torch.library.Library("offload", "FRAGMENT")
@@ -110,7 +110,14 @@ def lookup_numpy(rid: int, indices: np.ndarray, offsets: np.ndarray, per_sample_
     return np.asarray(out_t.to_float(raw), dtype=np.float64)
 
 
-def _to_dtype(raw: np.ndarray, out_t, dtype: torch.dtype) -> torch.Tensor:
+def raw_to_tensor(raw: np.ndarray, out_t, dtype: torch.dtype) -> torch.Tensor:
+    """A kernel's raw fixed-point output ``raw`` (format ``out_t``) as a tensor of ``dtype``:
+    float32 by the fused kernels' one multiply, any other dtype through float64.
+
+    Example::
+
+        y = raw_to_tensor(raw, spec.out_type, torch.float32)
+    """
     if dtype == torch.float32:  # what the fused kernels write when asked for float32
         return torch.from_numpy(float32_of(raw, out_t))
     out = np.asarray(out_t.to_float(raw), dtype=np.float64)
@@ -159,7 +166,7 @@ def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_wei
     lookup = bound_call(res, "bind_checked", fp32)
     if lookup is None:
         raw, out_t = _run_raw(res, idx, off, None, w)
-        y = _to_dtype(raw, out_t, dtype)
+        y = raw_to_tensor(raw, out_t, dtype)
     else:
         n = torch.get_num_threads()
         if n == 1:  # the fused kernels' default: no context to enter
@@ -167,7 +174,7 @@ def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_wei
         else:
             with using_threads(n):
                 out = lookup(idx, off, w)
-        y = torch.from_numpy(out) if fp32 else _to_dtype(out, spec.out_type, dtype)
+        y = torch.from_numpy(out) if fp32 else raw_to_tensor(out, spec.out_type, dtype)
     return y if indices.is_cpu else y.to(indices.device)
 
 

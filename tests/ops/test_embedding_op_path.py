@@ -28,7 +28,7 @@ def test_float32_output_is_bit_identical_to_the_two_step_conversion(fmt):
     edges = [0, 1, -1, 2**24 + 1, 2**25 + 2, -(2**25 + 6), 2**53 + 1, 2**62 + 2**38, -(2**63), 2**63 - 1]
     raw = np.concatenate([np.array(edges, dtype=np.int64), rng.integers(-(2**63), 2**63 - 1, 500, dtype=np.int64),
                           rng.integers(-(2**20), 2**20, 500, dtype=np.int64)]).reshape(-1, 10)
-    got = E._to_dtype(raw, t, torch.float32)
+    got = E.raw_to_tensor(raw, t, torch.float32)
     assert got.dtype == torch.float32 and got.shape == raw.shape
     assert np.array_equal(got.numpy().view(np.int32), _two_step(raw, t.F).view(np.int32))
 
