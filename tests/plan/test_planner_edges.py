@@ -1,0 +1,87 @@
+"""Planner edges the catalogue tests do not reach: the reserve at its value, row pieces of equal
+traffic (a hot first row, a tail nobody reads), a hot table on every bank, the fall-back that cuts
+rows where fragmented banks' free space ends, and column-wise cuts down to two columns."""
+
+from __future__ import annotations
+
+import pytest
+
+import offload.plan as P
+
+U50 = P.Topology.uniform("u50")  # one card: 32 HBM pseudo-channels of 256 MiB
+HBM = [u for u in U50.units if u.kind == "HBM"]
+RB = P.Table("x", 1, 64).row_bytes
+
+
+def _within_capacity(plan):
+    cap = {u.key: u.bytes for u in plan.topology.units}
+    for key, used in plan.unit_bytes().items():
+        assert used <= cap[key], key
+
+
+def test_the_reserve_keeps_its_share_of_every_bank_free():
+    room = int(HBM[0].bytes * (1 - 0.5))
+    fits = P.Table("t", room // RB, 64)  # the most rows one half-reserved channel holds
+    over = P.Table("t", room // RB + 1, 64)
+    one = {"t": {"sharding": "table_wise"}}
+    plan = P.shard([fits], U50, one, reserve=0.5)
+    assert plan.table("t").shards[0].bytes <= room
+    with pytest.raises(P.PlanError, match="'t'"):
+        P.shard([over], U50, one, reserve=0.5)
+    P.shard([over], U50, one, reserve=0.0)  # the same table without a reserve fits
+
+
+def _row_pieces(access, rows=64):
+    t = P.Table("h", rows, 64, access=tuple(access), pooling_factor=10.0)
+    plan = P.shard([t], U50, {"h": {"sharding": "row_wise", "memory": "hbm"}})
+    shards = sorted(plan.table("h").shards, key=lambda s: s.row0)
+    assert shards[0].row0 == 0 and shards[-1].row1 == rows
+    assert all(a.row1 == b.row0 for a, b in zip(shards, shards[1:]))
+    return shards
+
+
+def test_row_pieces_after_a_hot_first_row_hold_equal_traffic():
+    # Row 0 takes half the lookups, the other 63 rows share the rest: after the hot row, every
+    # piece holds the same traffic to within one row's, and the last holds no more than the others.
+    shards = _row_pieces([63.0] + [1.0] * 63)
+    row = shards[0].lookups / 63  # one cold row's lookups
+    assert shards[0].row1 == 1
+    middle = [s.lookups for s in shards[1:-1]]
+    assert len(middle) >= 2 and max(middle) - min(middle) <= row * (1 + 1e-9)
+    assert shards[-1].lookups <= max(middle) + 1e-9
+
+
+def test_a_tail_nobody_reads_joins_the_last_piece():
+    # 32 read rows, 32 never read, 32 channels: one read row a channel, the tail with the last.
+    shards = _row_pieces([1.0] * 32 + [0.0] * 32)
+    assert len(shards) == len(HBM) and len({s.bank for s in shards}) == len(HBM)
+    assert [s.row1 - s.row0 for s in shards] == [1] * 31 + [33]
+    assert len({round(s.lookups, 9) for s in shards}) == 1
+
+
+def test_a_table_hot_enough_for_every_bank_is_cut_into_one_piece_a_bank():
+    t = P.Table("hot", 32 * 4096, 64, pooling_factor=50.0)
+    plan = P.shard([t], U50, {"hot": {"sharding": "row_wise", "memory": "hbm"}})
+    shards = plan.table("hot").shards
+    assert len(shards) == len(HBM) and len({s.bank for s in shards}) == len(HBM)
+    assert {s.row1 - s.row0 for s in shards} == {4096}
+
+
+def test_rows_that_fit_only_fragmented_banks_are_cut_where_their_free_space_ends():
+    # 32 hot table-wise tables leave each channel 56 MiB; a cold 1.5 GiB row-wise table's equal
+    # pieces are larger than that, so it is cut where each channel's free space ends.
+    fill = [P.Table(f"f{i:02d}", 200 * 2**20 // RB, 64, pooling_factor=100.0) for i in range(32)]
+    big = P.Table("big", 1500 * 2**20 // RB, 64, pooling_factor=0.01)
+    cons = {f.name: {"sharding": "table_wise"} for f in fill} | {"big": {"sharding": "row_wise"}}
+    plan = P.shard(fill + [big], U50, cons)
+    _within_capacity(plan)
+    shards = sorted(plan.table("big").shards, key=lambda s: s.row0)
+    assert shards[0].row0 == 0 and shards[-1].row1 == big.rows and all(a.row1 == b.row0 for a, b in zip(shards, shards[1:]))
+    assert len({s.bank for s in shards}) == len(shards) and max(s.bytes for s in shards) <= 56 * 2**20
+
+
+def test_column_wise_cuts_reach_two_columns_and_refuse_one():
+    two = P.shard([P.Table("c", 1000, 2)], U50, {"c": {"sharding": "column_wise", "memory": "hbm"}}).table("c")
+    assert two.sharding == "column_wise" and sorted((s.col0, s.col1) for s in two.shards) == [(0, 1), (1, 2)]
+    with pytest.raises(P.PlanError, match="'c'.*column_wise placements"):
+        P.shard([P.Table("c", 1000, 1)], U50, {"c": {"sharding": "column_wise", "memory": "hbm"}})
