@@ -232,39 +232,53 @@ class _State:
         lk = self.lookups(it, r0, r1)
         return Shard(u.host, u.card, u.kind, u.bank, r0, r1, c0, c1, (r1 - r0) * rb, shard_time(u, lk, rb), lk)
 
-    def place_whole(self, it: _Item, kinds=None, goal: float | None = None) -> Shard | None:
-        got = self.place_pieces(it, [(0, it.table.rows, 0, it.table.dim)], self.candidates(it, kinds), goal)
+    def take(self, i: int, s: Shard) -> None:
+        """Put ``s`` on bank ``i``: its bytes and its time per batch."""
+        self.free[i] -= s.bytes
+        self.load[i] += s.time_s
+
+    def give_back(self, done: list[tuple[int, Shard]]) -> None:
+        """Undo :meth:`take` for every ``(bank, shard)`` of a placement that did not complete."""
+        for i, s in done:
+            self.free[i] += s.bytes
+            self.load[i] -= s.time_s
+
+    def place_whole(self, it: _Item, kinds=None) -> Shard | None:
+        got = self.place_pieces(it, [(0, it.table.rows, 0, it.table.dim)], self.candidates(it, kinds))
         return None if got is None else got[0]
 
-    def place_pieces(self, it: _Item, pieces, cand: list[int], goal: float | None = None) -> list[Shard] | None:
+    def best_bank(self, it: _Item, cand: list[int], taken: set[int], r0: int, r1: int, c0: int, c1: int) -> tuple[int, Shard] | None:
+        """The bank of ``cand`` outside ``taken`` with room for rows ``[r0, r1)``, columns
+        ``[c0, c1)`` of ``it`` that :meth:`score` ranks best (ties: the lowest bank), and its shard."""
+        best = None
+        for i in cand:
+            if i in taken:
+                continue
+            s = self._shard(i, it, r0, r1, c0, c1)
+            if s.bytes > self.free[i]:
+                continue
+            key = (self.score(i, s), i)
+            if best is None or key < best[0]:
+                best = (key, i, s)
+        return None if best is None else (best[1], best[2])
+
+    def place_pieces(self, it: _Item, pieces, cand: list[int]) -> list[Shard] | None:
         """Each piece (rows, cols) on its own candidate bank that holds it, the one :meth:`score`
         ranks best; all or nothing."""
         done: list[tuple[int, Shard]] = []
         taken: set[int] = set()
         for (r0, r1, c0, c1) in pieces:
-            best = None
-            for i in cand:
-                if i in taken:
-                    continue
-                s = self._shard(i, it, r0, r1, c0, c1)
-                if s.bytes > self.free[i]:
-                    continue
-                key = (self.score(i, s), i)
-                if best is None or key < best[0]:
-                    best = (key, i, s)
-            if best is None:
-                for i, s in done:
-                    self.free[i] += s.bytes
-                    self.load[i] -= s.time_s
+            got = self.best_bank(it, cand, taken, r0, r1, c0, c1)
+            if got is None:
+                self.give_back(done)
                 return None
-            _, i, s = best
-            self.free[i] -= s.bytes
-            self.load[i] += s.time_s
+            i, s = got
+            self.take(i, s)
             taken.add(i)
             done.append((i, s))
         return [s for _, s in done]
 
-    def place_rows(self, it: _Item, k: int, cand: list[int], goal: float | None) -> list[Shard] | None:
+    def place_rows(self, it: _Item, k: int, cand: list[int]) -> list[Shard] | None:
         """Row shards of about ``1/k`` of the table's lookups each, in row order, each on its own
         bank (ranked by :meth:`score`) and cut short where that bank's free space ends, so
         fragmented banks still fill; all or nothing."""
@@ -288,13 +302,10 @@ class _State:
                 if best is None or key < best[0]:
                     best = (key, i, s)
             if best is None:
-                for i, s in done:
-                    self.free[i] += s.bytes
-                    self.load[i] -= s.time_s
+                self.give_back(done)
                 return None
             _, i, s = best
-            self.free[i] -= s.bytes
-            self.load[i] += s.time_s
+            self.take(i, s)
             taken.add(i)
             done.append((i, s))
             r0 = s.row1
@@ -383,27 +394,13 @@ def _place_all(state: _State, items: list[_Item], target: float) -> dict[str, tu
     for it, (r0, r1, c0, c1) in pieces:
         if it.name in failed:
             continue
-        taken = {i for i, _ in got.get(it.name, [])}
-        best = None
-        for i in cut[it.name][1]:
-            if i in taken:
-                continue
-            s = state._shard(i, it, r0, r1, c0, c1)
-            if s.bytes > state.free[i]:
-                continue
-            key = (state.score(i, s), i)
-            if best is None or key < best[0]:
-                best = (key, i, s)
+        best = state.best_bank(it, cut[it.name][1], {i for i, _ in got.get(it.name, [])}, r0, r1, c0, c1)
         if best is None:
             failed.add(it.name)
-            for i, s in got.pop(it.name, []):
-                state.free[i] += s.bytes
-                state.load[i] -= s.time_s
+            state.give_back(got.pop(it.name, []))
             continue
-        _, i, s = best
-        state.free[i] -= s.bytes
-        state.load[i] += s.time_s
-        got.setdefault(it.name, []).append((i, s))
+        state.take(*best)
+        got.setdefault(it.name, []).append(best)
     out = {}
     requested = {it.name: it.constraint.get("sharding") for it in items}
     for name, ss in got.items():
@@ -422,7 +419,7 @@ def _place(state: _State, it: _Item, target: float) -> tuple[str, list[Shard]]:
         raise state.nowhere(it, "the allowed memories")
     k = _count(state, it, target, cand)
     if _allows(it, "table_wise") and (k == 1 or it.constraint.get("sharding") == ("table_wise",)):
-        got = state.place_whole(it, goal=target)
+        got = state.place_whole(it)
         if got is not None:
             return "table_wise", [got]
         k = 2
@@ -433,19 +430,19 @@ def _place(state: _State, it: _Item, target: float) -> tuple[str, list[Shard]]:
                            key=lambda h: (sum(state.load[i] for i in cand if state.units[i].host == h), h))
             for h in hosts:
                 for kk in _fewer(k):
-                    got = state.place_rows(it, kk, [i for i in cand if state.units[i].host == h], target)
+                    got = state.place_rows(it, kk, [i for i in cand if state.units[i].host == h])
                     if got is not None:
                         return _row_label(requested, got), got
         if _allows(it, "row_wise"):
             for kk in _fewer(k):
-                got = state.place_rows(it, kk, cand, target)
+                got = state.place_rows(it, kk, cand)
                 if got is not None:
                     return _row_label(requested, got), got
     if _allows(it, "column_wise") and t.dim >= 2:
         kk = min(max(2, k), t.dim, len(cand))
         while True:
             cuts = [t.dim * j // kk for j in range(kk + 1)]
-            got = state.place_pieces(it, [(0, t.rows, cuts[j], cuts[j + 1]) for j in range(kk)], cand, target)
+            got = state.place_pieces(it, [(0, t.rows, cuts[j], cuts[j + 1]) for j in range(kk)], cand)
             if got is not None:
                 return "column_wise", got
             if kk >= min(t.dim, len(cand)):
