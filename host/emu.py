@@ -303,9 +303,7 @@ class EmuDevice(BufferedDevice):
     def _close_rings(self) -> None:
         """Drain every ring (calls in flight finish, new ones are refused), then stop and join."""
         for loaded in self._loaded:
-            st = loaded.state
-            if not isinstance(st, _RingKernel):
-                continue
+            st: _RingKernel = loaded.state  # every kernel of a persistent device
             with st.lock:
                 ring = st.ring
                 ring.closing = True
@@ -352,7 +350,7 @@ class EmuDevice(BufferedDevice):
     def _details(self) -> dict[str, Any]:
         d: dict[str, Any] = {"buffer_allocations": self._pool.allocations, "launch": self.launch}
         if self.launch == "persistent":
-            rings = [lo.state for lo in self._loaded if isinstance(lo.state, _RingKernel)]
+            rings: list[_RingKernel] = [lo.state for lo in self._loaded]
             sent = sum(r.next_n - 1 for st in rings for r in [st.ring, *st.abandoned] if r is not None)
             d["ring"] = {"slots": self._ring_slots, "rows": self._ring_rows, "requests": sent, "resets": sum(st.resets for st in rings)}
         return d

@@ -749,7 +749,7 @@ class XrtDevice(BufferedDevice):
         pyxrt offers past a compute unit that never finishes (``run.abort`` is not bound)."""
         with self._lock:
             for lo in self._loaded:
-                for r in getattr(lo.state, "rings", ()):
+                for r in lo.state.rings:
                     self._abandon(r, "the device was reopened")
             old_pool = self._pool
             self._dev = self._open()
@@ -770,7 +770,7 @@ class XrtDevice(BufferedDevice):
         if self.launch == "persistent":
             d["rings"] = [{"kernel": lo.kernel.name, "compute_unit": r.name, "memory": "host" if r.host else "card", "slots": r.layout.slots,
                            "answered": r.answered, "abandoned": r.dead}
-                          for lo in self._loaded for r in getattr(lo.state, "rings", ())]
+                          for lo in self._loaded for r in lo.state.rings]
         info = self._pyxrt.xrt_info_device
         for key in ("name", "bdf"):
             try:
@@ -784,7 +784,7 @@ class XrtDevice(BufferedDevice):
 
     def _shutdown(self) -> None:
         for lo in self._loaded:
-            for r in getattr(lo.state, "rings", ()):
+            for r in lo.state.rings:
                 self._stop_ring(r, PERSISTENT_TIMEOUT_S)
         self._pool.close()
 
