@@ -90,7 +90,7 @@ class SimDevice:
         ``guard=False``: the kind's call itself, without the frame that refuses it once the device
         is closed, for an owner that drops the call before it closes the device (the scoring
         service's runner clears it under its lock first). A frame is ~1 us of a one-row request
-        in a real server (BENCHMARKS.md, round 20). Called after close anyway, it still computes
+        in a real server (BENCHMARKS.md). Called after close anyway, it still computes
         the right answer: the kernel's arrays are the call's own, and close frees none of them.
 
         Example::
