@@ -21,6 +21,7 @@ import numpy as np
 from offload.hls.registry import HlsKind, KernelArg, get_hls_kind
 from offload.host.device import DeviceError, DeviceInfo, DeviceTimeout, KernelHandle
 from offload.kernels.registry import Kernel, get_kind, resident_copy
+from offload.sim.errors import InputError, InputTypeError
 
 __all__ = ["BufferedDevice", "Loaded", "host_array", "scalar_value", "next_live_cu"]
 
@@ -62,7 +63,7 @@ def host_array(kernel: str, arg: KernelArg, value: Any) -> np.ndarray:
     arr = np.asarray(value)
     want = np.dtype(arg.dtype)
     if arr.dtype != want:
-        raise TypeError(f"kernel {kernel!r}: buffer {arg.name!r} has dtype {arr.dtype}, the top function takes {want}")
+        raise InputTypeError(f"kernel {kernel!r}: buffer {arg.name!r} has dtype {arr.dtype}, the top function takes {want}")
     return np.ascontiguousarray(arr)
 
 
@@ -73,7 +74,7 @@ def scalar_value(kernel: str, arg: KernelArg, value: Any) -> int | float:
         v = int(value)
         info = np.iinfo(dt)
         if not info.min <= v <= info.max:
-            raise ValueError(f"kernel {kernel!r}: scalar {arg.name!r}={v} is outside {dt} [{info.min}, {info.max}]")
+            raise InputError(f"kernel {kernel!r}: scalar {arg.name!r}={v} is outside {dt} [{info.min}, {info.max}]")
         return v
     return float(value)
 

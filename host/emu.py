@@ -211,7 +211,7 @@ class EmuDevice(BufferedDevice):
             if f.role == "scalar":
                 v = int(v)
                 if not lo <= v <= hi:
-                    raise ValueError(f"kernel {loaded.kernel.name!r}: scalar {f.name!r}={v} is outside {f.dtype} [{lo}, {hi}]")
+                    raise InputError(f"kernel {loaded.kernel.name!r}: scalar {f.name!r}={v} is outside {f.dtype} [{lo}, {hi}]")
             else:
                 v = host_array(loaded.kernel.name, f, v)
                 if v.size > f.count:

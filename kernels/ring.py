@@ -71,7 +71,7 @@ from typing import Callable, Literal, Mapping, Sequence
 import numpy as np
 
 from offload.kernels.registry import Registry
-from offload.sim.errors import InputError
+from offload.sim.errors import InputError, InputKeyError
 
 __all__ = [
     "LINE",
@@ -150,7 +150,7 @@ class SlotLayout:
         for f in self.fields:
             if f.name == name:
                 return f
-        raise KeyError(f"ring slot has no field {name!r}; it has {[f.name for f in self.fields]}")
+        raise InputKeyError(f"ring slot has no field {name!r}; it has {[f.name for f in self.fields]}")
 
     @property
     def input_bytes(self) -> int:
