@@ -8,7 +8,6 @@ request or fails with a typed error naming what happened, and the device keeps w
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from _host_util import assert_same, sa
