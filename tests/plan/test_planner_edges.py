@@ -85,3 +85,19 @@ def test_column_wise_cuts_reach_two_columns_and_refuse_one():
     assert two.sharding == "column_wise" and sorted((s.col0, s.col1) for s in two.shards) == [(0, 1), (1, 2)]
     with pytest.raises(P.PlanError, match="'c'.*column_wise placements"):
         P.shard([P.Table("c", 1000, 1)], U50, {"c": {"sharding": "column_wise", "memory": "hbm"}})
+
+
+def test_tables_up_to_one_mib_go_on_chip_by_default():
+    small = P.Table("s", (1 << 20) // RB, 64)  # the largest whole-row table within 1 MiB
+    big = P.Table("b", (1 << 20) // RB + 1, 64)
+    plan = P.shard([small, big], U50)
+    assert [s.kind for s in plan.table("s").shards] == ["onchip"]
+    assert plan.table("s").sharding == "table_wise"
+    assert all(s.kind == "HBM" for s in plan.table("b").shards)
+
+
+def test_a_table_one_piece_holds_is_labelled_table_wise():
+    # No traffic anywhere: pieces follow bytes only, and the small table needs one.
+    plan = P.shard([P.Table("y", 30_000_000, 64, pooling_factor=0.0), P.Table("z", 100_000, 64, pooling_factor=0.0)], U50)
+    z = plan.table("z")
+    assert len(z.shards) == 1 and z.sharding == "table_wise"
