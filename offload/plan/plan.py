@@ -74,7 +74,14 @@ class TablePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """What :func:`offload.plan.shard` returns."""
+    """What :func:`offload.plan.shard` returns: every table's shards, with the modelled time per
+    batch; written and read back as JSON.
+
+    Example::
+
+        plan.table("users").shards, plan.batch_s(); print(plan.explain())
+        plan.to_json("plan.json"); assert Plan.from_json("plan.json") == plan
+    """
 
     topology: Topology
     batch_size: int

@@ -69,6 +69,10 @@ def shard(tables: Any, topology: Topology, constraints: Mapping[str, Mapping[str
 
     ``trace`` (an :class:`offload.plan.trace.IndexTrace`) replaces the tables' pooling factors and
     row-access histograms with the trace's. Raises :class:`PlanError` naming a table that fits nowhere.
+
+    Example::
+
+        plan = shard([Table("users", 10_000_000, 128, pooling_factor=4.0)], Topology.uniform("u55c", 1, 2))
     """
     if not isinstance(topology, Topology):
         raise InputTypeError(f"topology: expected offload.plan.Topology, got {type(topology).__name__}")

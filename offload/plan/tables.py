@@ -40,6 +40,10 @@ class Table:
     one index (a Cartesian-merge candidate); ``access``: optional relative access counts over equal
     row buckets (from an index trace), so row-wise splits balance traffic, not rows; ``features``:
     the features that look this table up (default: the table's name), each costing its lookups.
+
+    Example::
+
+        Table("country", rows=250, dim=16, one_hot=True)
     """
 
     name: str

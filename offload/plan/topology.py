@@ -64,6 +64,10 @@ class Topology:
     ``onchip_share``: the part of each card's URAM + BRAM36 left to tables (the kernel's own buffers
     take the rest; 0 disables on-chip tables). ``onchip_bytes_per_cycle``: on-chip read width (64 B,
     a 512-bit row port over parallel URAMs: an assumption) at the card's kernel clock.
+
+    Example::
+
+        topo = Topology(hosts=[["u55c", "u55c"], ["u280"]])     # or Topology.uniform("u55c", 2, 2)
     """
 
     hosts: tuple[tuple[Card, ...], ...]

@@ -35,7 +35,13 @@ _BUCKETS = 64  # access-histogram buckets a table
 
 @dataclass(frozen=True)
 class IndexTrace:
-    """``T`` tables' lookups for ``B`` samples in TBE layout; ``names`` (optional) name the tables."""
+    """``T`` tables' lookups for ``B`` samples in TBE layout; ``names`` (optional) name the tables.
+
+    Example::
+
+        tr = IndexTrace.load("day_0.pt", names=["items", "country"])
+        plan = offload.plan.shard(tables, topo, trace=tr)
+    """
 
     indices: np.ndarray
     offsets: np.ndarray
@@ -138,6 +144,10 @@ def generate(rows: Sequence[int], batch: int, pooling: float | Sequence[float] =
     drawn with probability ``~ (r+1)^-alpha``, a Zipf/Pareto tail, hot rows first); ``"stack"``
     (stack-distance reuse, as the synthetic traces of dlrm_data_pytorch after Hassan et al.: with
     probability ``reuse`` a recently used row at a Zipf-distributed stack depth, else a fresh uniform one).
+
+    Example::
+
+        tr = generate([1000, 50], batch=512, pooling=[20, 1], mode="zipf", names=["items", "country"])
     """
     if mode not in MODES:
         raise InputError(f"mode: one of {MODES}, got {mode!r}")
