@@ -497,7 +497,7 @@ def _scratch(nc: int, dim: int, dtype) -> np.ndarray:
 _CHUNKS_PER_THREAD = 4
 
 
-def _call_table(tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, nthreads, osc):
+def _call_table(tp: _TablePlan, table, params, idx, off, w, t0, B, out, col, osc, nthreads):
     """One table's bags; ``nthreads`` > 1 runs the parallel kernel on that many threads."""
     parallel = nthreads > 1
     nc = min(nthreads * _CHUNKS_PER_THREAD, B) if parallel else 1
@@ -603,7 +603,7 @@ def _run(p: Plan, tables, params, idx, off, w, parallel_min: int, fp32: bool = F
             if prev != nthreads:
                 _NUMBA.set_num_threads(nthreads)
         for t, tp in enumerate(p.tables):
-            bad += _call_table(tp, tables[t], params[t], idx, off, w, t * B, B, out, tp.col, nthreads, osc)
+            bad += _call_table(tp, tables[t], params[t], idx, off, w, t * B, B, out, tp.col, osc, nthreads)
     finally:
         if nthreads > 1:
             if prev != nthreads:
