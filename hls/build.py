@@ -55,7 +55,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from offload.hls import csim, persistent
-from offload.hls.cards import CARDS, Card
+from offload.hls.cards import CARDS, LAUNCH_MODES, Card
 from offload.hls.connectivity import render, ring_placement, spread
 from offload.hls.ctop import load_top
 from offload.hls.registry import KernelPlacement, get_hls_kind
@@ -81,7 +81,7 @@ __all__ = [
 
 TARGETS = ("sw_emu", "hw_emu", "hw")
 XCLBIN = "offload.xclbin"
-LAUNCH = ("per_call", "persistent", "both")
+LAUNCH = (*LAUNCH_MODES, "both")
 
 
 @dataclass(frozen=True)

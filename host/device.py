@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
+from offload.hls.cards import LAUNCH_MODES  # defined once, beside the card's launch figures
 from offload.kernels.registry import Kernel, Registry
 from offload.sim.errors import DeviceError, DeviceTimeout, InputError, UnsupportedError  # noqa: F401  (re-exported: defined once in the hierarchy)
 
@@ -132,7 +133,6 @@ DeviceFactory = Callable[..., Device]
 # ring of requests in memory (offload.kernels.ring). Every backend lists the modes it takes as
 # ``launch_modes``, and says in ``launch_why`` why it has no other; it gets any mode other than
 # per-call as ``launch=``.
-LAUNCH_MODES = ("per_call", "persistent")
 DEVICES: Registry[DeviceFactory] = Registry("device backend")
 _DEFAULTS: dict[str, Device] = {}
 _LOCK = threading.Lock()

@@ -94,7 +94,7 @@ import numpy as np
 from offload.hls import persistent
 from offload.host._buffered import BufferedDevice, Loaded, next_live_cu
 from offload.host._pool import BufferPool
-from offload.host.device import DeviceError, DeviceTimeout, Probe, register_device
+from offload.host.device import LAUNCH_MODES, DeviceError, DeviceTimeout, Probe, register_device
 from offload.kernels.ring import HDR_STOP, LINE, SLOT_REQ_SEQ, STOP, RingLayout
 from offload.sim.errors import InputError, UnsupportedError
 
@@ -283,7 +283,7 @@ class XrtDevice(BufferedDevice):
     """An Alveo card through pyxrt; see the module doc."""
 
     kind = "xrt"
-    launch_modes = ("per_call", "persistent")  # what open_device(spec, launch=...) may ask for
+    launch_modes = LAUNCH_MODES  # what open_device(spec, launch=...) may ask for
     launch_why = ""  # it has every mode
 
     def __init__(self, spec: str = "xrt", launch: str = "per_call") -> None:
