@@ -132,7 +132,7 @@ DeviceFactory = Callable[..., Device]
 # How a device starts its kernels: one run per call, or started once at load and fed through a
 # ring of requests in memory (offload.kernels.ring). Every backend lists the modes it takes as
 # ``launch_modes``, and says in ``launch_why`` why it has no other; it gets any mode other than
-# per-call as ``launch=``.
+# per-call as ``launch=``. Every backend also has a ``probe()`` classmethod (probe_devices).
 DEVICES: Registry[DeviceFactory] = Registry("device backend")
 _DEFAULTS: dict[str, Device] = {}
 _LOCK = threading.Lock()
@@ -146,19 +146,14 @@ def register_device(prefix: str) -> Callable[[DeviceFactory], DeviceFactory]:
 
 
 def probe_devices() -> list[Probe]:
-    """What every registered backend finds on this host, by backend name.
-
-    A backend without ``probe()`` needs nothing from the host and is reported available. A probe
-    that raises is reported as unavailable with its error: one broken backend does not hide the others.
+    """What every registered backend finds on this host (its ``probe()``), by backend name. A
+    probe that raises is reported as unavailable with its error: one broken backend does not hide
+    the others.
     """
     found = []
     for prefix in DEVICES.names():
-        probe = getattr(DEVICES.get(prefix), "probe", None)
-        if probe is None:
-            found.append(Probe(prefix, True, (prefix,), "needs nothing from this host (the backend has no probe)"))
-            continue
         try:
-            found.append(probe())
+            found.append(DEVICES.get(prefix).probe())
         except Exception as e:  # noqa: BLE001 - reported against its backend
             found.append(Probe(prefix, False, (), f"probing failed: {type(e).__name__}: {e}"))
     return found

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from offload.host.device import DeviceError, DeviceInfo, KernelHandle, register_device
+from offload.host.device import DeviceError, DeviceInfo, KernelHandle, Probe, register_device
 from offload.kernels.registry import Kernel, get_kind, resident_copy
 
 __all__ = ["SimDevice"]
@@ -32,6 +32,11 @@ class SimDevice:
 
     launch_modes = ("per_call",)
     launch_why = "the sim device computes in the caller's thread: there is no kernel to keep running"
+
+    @classmethod
+    def probe(cls) -> Probe:
+        """Always available: NumPy (and numba, where installed) is all it needs."""
+        return Probe("sim", True, ("sim",), "needs nothing from this host")
 
     def __init__(self, spec: str = "sim") -> None:
         self.name = spec

@@ -263,9 +263,9 @@ def info_cmd(bundle: str, as_json: bool, require_sealed: bool, trusted_keys: tup
 
 
 def _backend_modes(name: str) -> tuple[str, ...]:
-    from offload.host.device import DEVICES
+    from offload.host.device import launch_modes
 
-    return tuple(getattr(DEVICES.get(name), "launch_modes", ("per_call",)))
+    return launch_modes(name)
 
 
 def _bundle_launch(b) -> dict[str, dict]:

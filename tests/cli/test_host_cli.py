@@ -87,20 +87,28 @@ def test_devices_explain_why_not(fakes, monkeypatch):
 
 
 def test_devices_asks_every_registered_backend(monkeypatch):
-    """The command knows no backend: a new one's probe shows up, one without a probe needs nothing,
-    and a probe that breaks is reported against its own backend only."""
+    """The command knows no backend: a new one's probe and launch modes show up, and a probe that
+    breaks is reported against its own backend only."""
     import offload.host.device as device
     from offload.kernels.registry import Registry
 
     class Plain:
-        pass
+        launch_modes = ("per_call",)
+
+        @classmethod
+        def probe(cls):
+            return device.Probe("plain", True, ("plain",), "needs nothing")
 
     class Card:
+        launch_modes = ("per_call", "persistent")
+
         @classmethod
         def probe(cls):
             return device.Probe("card", True, ("card:0 slot 3",), "driver 1.2")
 
     class Broken:
+        launch_modes = ("per_call",)
+
         @classmethod
         def probe(cls):
             raise OSError("driver gone")
@@ -112,6 +120,5 @@ def test_devices_asks_every_registered_backend(monkeypatch):
     d = _devices()
     assert set(d) == {"plain", "card", "broken"}
     assert d["plain"]["available"] and d["plain"]["devices"] == ["plain"]
-    # A backend that lists no launch_modes starts a kernel per call only.
-    assert d["card"] == {"backend": "card", "available": True, "devices": ["card:0 slot 3"], "why": "driver 1.2", "launch_modes": ["per_call"]}
+    assert d["card"] == {"backend": "card", "available": True, "devices": ["card:0 slot 3"], "why": "driver 1.2", "launch_modes": ["per_call", "persistent"]}
     assert not d["broken"]["available"] and "OSError: driver gone" in d["broken"]["why"]
