@@ -78,6 +78,7 @@ def test_rows_that_fit_only_fragmented_banks_are_cut_where_their_free_space_ends
     shards = sorted(plan.table("big").shards, key=lambda s: s.row0)
     assert shards[0].row0 == 0 and shards[-1].row1 == big.rows and all(a.row1 == b.row0 for a, b in zip(shards, shards[1:]))
     assert len({s.bank for s in shards}) == len(shards) and max(s.bytes for s in shards) <= 56 * 2**20
+    assert all(s.row1 > s.row0 for s in shards)  # no empty piece after the last row
 
 
 def test_column_wise_cuts_reach_two_columns_and_refuse_one():
@@ -101,3 +102,11 @@ def test_a_table_one_piece_holds_is_labelled_table_wise():
     plan = P.shard([P.Table("y", 30_000_000, 64, pooling_factor=0.0), P.Table("z", 100_000, 64, pooling_factor=0.0)], U50)
     z = plan.table("z")
     assert len(z.shards) == 1 and z.sharding == "table_wise"
+    # The large one needs as many pieces as its bytes at the mean fill (45 %): every channel.
+    assert len({s.bank for s in plan.table("y").shards}) == len(HBM)
+
+
+def test_a_table_spread_over_two_hosts_is_labelled_row_wise():
+    topo = P.Topology.uniform("u50", hosts=2, cards_per_host=2)
+    t = P.shard([P.Table("t", 2 * 2**30 // RB, 64, pooling_factor=50.0)], topo).table("t")
+    assert {s.host for s in t.shards} == {0, 1} and t.sharding == "row_wise"
