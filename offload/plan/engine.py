@@ -71,6 +71,8 @@ class LocalEngine:
         self._pool: ThreadPoolExecutor | None = None
 
     def load(self, kernels: Mapping[Card, Sequence[Kernel]]) -> None:
+        if self._pool is not None:
+            raise DeviceError("engine 'local': already loaded; close it before loading other kernels")
         for card, ks in kernels.items():
             self.topology.card(*card)
             w = self.workers[card] = _CardWorker(self.device)
@@ -78,12 +80,15 @@ class LocalEngine:
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.workers)), thread_name_prefix="offload-card")
 
     def run(self, calls: Mapping[Card, Sequence[Mapping[str, Any]]]) -> dict[Card, list[dict]]:
+        if self._pool is None:
+            raise DeviceError("engine 'local': nothing loaded; call load() first")
         futs = {card: self._pool.submit(self.workers[card].run, xs) for card, xs in calls.items()}
         return {card: f.result() for card, f in futs.items()}
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+            self._pool = None
         for w in self.workers.values():
             w.close()
         self.workers.clear()

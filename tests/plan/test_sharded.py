@@ -95,3 +95,19 @@ def test_bad_inputs_are_refused_not_dropped():
             sharded(make_kjt(False, 6, 4, one_hot=()))
     finally:
         sharded.close()
+
+
+def test_the_local_engine_refuses_a_run_before_load_and_a_second_load():
+    from offload.plan.engine import LocalEngine
+    from offload.plan import Topology
+    from offload.sim.errors import DeviceError
+
+    eng = LocalEngine(Topology.uniform("u55c", hosts=1, cards_per_host=1))
+    with pytest.raises(DeviceError, match="nothing loaded"):
+        eng.run({})
+    eng.load({})
+    with pytest.raises(DeviceError, match="already loaded"):
+        eng.load({})
+    eng.close()
+    eng.load({})  # closed: loads again
+    eng.close()
