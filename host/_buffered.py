@@ -163,6 +163,10 @@ class BufferedDevice:
         self._get(handle)
         return None
 
+    def bind_checked(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[..., np.ndarray] | None:
+        """None, as :meth:`bind_rows`: callers use :meth:`run`."""
+        return self.bind_rows(handle, fp32=fp32)
+
     def submit(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
         """Run asynchronously; the future resolves to :meth:`run`'s result (or its error)."""
         with self._lock:

@@ -116,6 +116,17 @@ class Device(Protocol):
         """
         ...
 
+    def bind_checked(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[..., np.ndarray] | None:
+        """``run`` of ``handle`` as one prepared call on the kernel's inputs (positional, as the
+        kind's ``bind_checked`` orders them), with every check ``run`` makes; ``None`` when the
+        device has none: then call :meth:`run`. ``fp32``: the output as float32.
+
+        Example::
+
+            lookup = dev.bind_checked(h, fp32=True)
+        """
+        ...
+
     def load_bundle(self, bundle: Any) -> dict[str, KernelHandle]:
         """Load every kernel of an :class:`offload.host.bundle.Bundle` (the card backends first load
         its xclbin, checking the UUID the bundle recorded); kernel name -> handle."""

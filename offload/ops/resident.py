@@ -58,10 +58,9 @@ def release_resident(rid: int) -> None:
 
 
 def bound_call(res: Resident, method: str, fp32: bool):
-    """``res.device.<method>(res.handle, fp32=fp32)`` (``"bind_rows"``, ``"bind_checked"``: a
-    device's prepared call for one kernel), bound once per resident kernel and kept on it; None
-    where the device has no such method (``bind_checked`` is the host-memory sim device's option,
-    not part of the Device protocol) or returns None for this kernel: then the op calls ``run``.
+    """``res.device.<method>(res.handle, fp32=fp32)`` (``"bind_rows"`` or ``"bind_checked"``, both
+    in the Device protocol: a device's prepared call for one kernel), bound once per resident
+    kernel and kept on it; None where the device has none for this kernel: then the op calls ``run``.
 
     Example::
 
@@ -72,6 +71,5 @@ def bound_call(res: Resident, method: str, fp32: bool):
     try:
         return res.bound[key]
     except KeyError:
-        bind = getattr(res.device, method, None)
-        call = res.bound[key] = None if bind is None else bind(res.handle, fp32=fp32)
+        call = res.bound[key] = getattr(res.device, method)(res.handle, fp32=fp32)
         return call
