@@ -63,8 +63,10 @@ class UnitRow:
     nodes: tuple[str, ...]
     rungs: tuple[str, ...]
     chosen: str
-    sensitivity: float | None = None  # the metric with this unit at its cheapest rung, the others at their widest
-    alone_widest: float | None = None  # the metric with only this unit offloaded, at its widest (when the widest missed)
+    # the metric's one-sided 95 % upper bound (what the search compares with the limit) with this unit at its
+    # cheapest rung and the others at their widest; and with only this unit offloaded, at its widest (when the widest missed)
+    sensitivity: float | None = None
+    alone_widest: float | None = None
     local_cosine: float | None = None  # its output vs its float module on the same inputs (first holdout batch)
     reason: str = ""
 
@@ -89,7 +91,7 @@ class PrecisionSearch(RichReport):
     def table(self) -> Table:
         lim = "no limit" if self.limit is None else f"limit {self.limit:g}"
         t = Table(title=f"model-level budget: {self.metric} on {self.holdout_rows} held-out rows ({lim})")
-        for col in ("unit", "kind", "rungs (cheapest first)", "chosen", f"{self.metric} narrowed", "local cosine", "why"):
+        for col in ("unit", "kind", "rungs (cheapest first)", "chosen", f"{self.metric} narrowed (95 % upper)", "local cosine", "why"):
             t.add_column(col, overflow="fold")
         for u in self.units:
             t.add_row(u.unit, u.kind, " | ".join(u.rungs), u.chosen, "" if u.sensitivity is None else f"{u.sensitivity:.3g}",
