@@ -110,3 +110,17 @@ def test_a_table_spread_over_two_hosts_is_labelled_row_wise():
     topo = P.Topology.uniform("u50", hosts=2, cards_per_host=2)
     t = P.shard([P.Table("t", 2 * 2**30 // RB, 64, pooling_factor=50.0)], topo).table("t")
     assert {s.host for s in t.shards} == {0, 1} and t.sharding == "row_wise"
+
+
+def test_a_table_over_two_cards_of_one_host_is_labelled_table_row_wise():
+    topo = P.Topology.uniform("u50", hosts=1, cards_per_host=2)
+    t = P.shard([P.Table("t", 2 * 2**30 // RB, 64, pooling_factor=50.0)], topo).table("t")
+    assert {s.where for s in t.shards} == {(0, 0), (0, 1)} and t.sharding == "table_row_wise"
+
+
+def test_a_card_pin_keeps_host_and_card_apart():
+    topo = P.Topology.uniform("u50", hosts=2, cards_per_host=2)
+    plan = P.shard([P.Table("m", 200_000, 64, pooling_factor=4.0), P.Table("n", 200_000, 64)], topo,
+                   {"m": {"card": (1, 0)}, "n": {"card": (0, 1)}})
+    assert {s.where for s in plan.table("m").shards} == {(1, 0)}
+    assert {s.where for s in plan.table("n").shards} == {(0, 1)}
