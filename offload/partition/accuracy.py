@@ -4,7 +4,8 @@ Runs after ``replace``. Every offloaded module (a table, a table-batched call, a
 chain) is a *unit* with a ladder of precisions, cheapest first: tables ``ap_fixed<8,I>``,
 ``int8_rowwise``, ``ap_fixed<16,I>``, ``ap_fixed<24,I>`` (``I`` from the table's largest value,
 so nothing saturates); ``precision="auto"`` chains the PTQ search at a per-layer cosine of 0.99,
-0.999, 0.9999, 0.99999 (an explicit precision is one rung). The budget is on the model's output,
+0.999, 0.9999, 0.99999, the last two with 4096- and 16384-entry sigmoid/tanh tables (an explicit
+precision is one rung). The budget is on the model's output,
 scored on the holdout against the float model:
 
 1. every unit at its widest rung; if that misses the budget, the units that cost the output most
@@ -47,10 +48,13 @@ from offload.partition.state import State
 from offload.render import RichReport
 from offload.sim.errors import InputError, OffloadError
 
-__all__ = ["apply", "PrecisionSearch", "UnitRow", "TABLE_WIDTHS", "CHAIN_COSINES"]
+__all__ = ["apply", "PrecisionSearch", "UnitRow", "TABLE_WIDTHS", "CHAIN_RUNGS"]
 
 TABLE_WIDTHS = (8, 16, 24)  # 24 bits sit in a 32-bit word: float32's significand, the widest worth storing
-CHAIN_COSINES = (0.99, 0.999, 0.9999, 0.99999)
+# (per-layer cosine of the PTQ search, sigmoid/tanh table entries): the wide rungs also refine the
+# tables, whose step, not the types, bounds a confident model's scores (a 1024-entry sigmoid ties
+# every score past |x| ~ 6 to a handful of values, and ties cost AUC that no cosine sees)
+CHAIN_RUNGS = ((0.99, 1024), (0.999, 1024), (0.9999, 4096), (0.99999, 16384))
 HOST = -1
 
 
@@ -162,8 +166,9 @@ def _table_formats(weights: list[torch.Tensor]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _mlp_builder(st: State, ref: nn.Module, calib: torch.Tensor, name: str, precision, cos: float | None) -> Callable[[], nn.Module]:
-    kw = {} if cos is None else {"cos_threshold": cos, "budget": math.inf}  # the model-level budget rules, not the chain's
+def _mlp_builder(st: State, ref: nn.Module, calib: torch.Tensor, name: str, precision, rung: tuple[float, int] | None
+                 ) -> Callable[[], nn.Module]:
+    kw = {} if rung is None else {"cos_threshold": rung[0], "table_size": rung[1], "budget": math.inf}  # the model's budget rules, not the chain's
     return lambda: MLP.from_float(ref, calib=calib, precision=precision, reuse_factor=st.reuse_factor, device=st.device, name=name, **kw)
 
 
@@ -196,8 +201,9 @@ def _units(st: State) -> list[_Unit]:
         if c.kind == "mlp":
             calib = st.recorded[c.name]
             if isinstance(st.precision, str) and st.precision == "auto":
-                labels = [f"auto, cos>={cs:g}" for cs in CHAIN_COSINES]
-                builders = [_mlp_builder(st, ref, calib, name, "auto", cs) for cs in CHAIN_COSINES]
+                tables = any(isinstance(m, (nn.Sigmoid, nn.Tanh)) for m in ref)
+                labels = [f"auto, cos>={cs:g}" + (f", tables {n}" if tables and n != 1024 else "") for cs, n in CHAIN_RUNGS]
+                builders = [_mlp_builder(st, ref, calib, name, "auto", r) for r in CHAIN_RUNGS]
             else:
                 labels, builders = [str(st.precision)], [_mlp_builder(st, ref, calib, name, st.precision, None)]
             out.append(_Unit(name, "mlp", nodes, ref, labels, builders))
