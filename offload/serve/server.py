@@ -12,6 +12,7 @@ close``, and every request already read is answered (a result, 504 or 503) withi
 from __future__ import annotations
 
 import asyncio
+import gc
 import ipaddress
 import logging
 import os
@@ -112,6 +113,7 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
         proxy_headers=False,  # nothing here reads the client's address or scheme
     )
     server = _DrainingServer(uv, plane)
+    _settle_gc()
     # uvicorn drains, restores the previous handlers and re-raises the signal it caught; a clean
     # drain should end the process with status 0, not "killed by SIGTERM".
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -122,6 +124,17 @@ def serve(bundle: Any, config: ServeConfig, host: str = "127.0.0.1", port: int =
         _leave_if_stuck(plane, 0 if isinstance(e, SystemExit) and not e.code else 1)
         raise
     _leave_if_stuck(plane, 0)
+
+
+def _settle_gc() -> None:
+    """The collector's settings for serving, once everything is loaded: what is loaded lives as
+    long as the process, so it is frozen out of every later collection (a full pass then scans only
+    per-request garbage), and a young-generation pass runs every 50,000 allocations instead of 700:
+    with 64 requests in flight each pass walks every live request's objects, yet what dies young is
+    freed by reference counting whatever the threshold."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, *gc.get_threshold()[1:])
 
 
 def _leave_if_stuck(plane: DataPlane, status: int) -> None:
