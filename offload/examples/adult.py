@@ -8,7 +8,8 @@ variant a lookup table):
 - ``ptq16``: post-training quantization to ``ap_fixed<16,6>`` everywhere;
 - ``ptq_auto``: the calibrated PTQ search (``precision="auto"``, AUC budget on validation labels);
 - ``qat<b>``: the float network fine-tuned with Brevitas at ``b``-bit weights and activations
-  (power-of-two scales, a 6-bit input quantizer, an 8-bit output), then ``MLP.from_brevitas``.
+  (power-of-two scales, floor rounding, a 6-bit input quantizer, an 8-bit output), then
+  ``MLP.from_brevitas``.
 
 For each: test AUC, and with ``rtl=True`` the da4ml Verilog's measured Verilator latency and its
 Yosys LUTs (``synth_xilinx -family xcup``); for the QAT kernel also the check that ``simulate``
@@ -51,14 +52,20 @@ def splits(seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {k: (a.x[v], a.y[v]) for k, v in parts.items()}
 
 
-def brevitas_model(float_model: nn.Sequential, bits: int = 4, input_bits: int = 6, output_bits: int = 8) -> nn.Sequential:
+def brevitas_model(float_model: nn.Sequential, bits: int = 4, input_bits: int = 6, output_bits: int = 8,
+                   rounding: str = "floor") -> nn.Sequential:
     """A Brevitas copy of the float MLP (weights copied): power-of-two-scale quantizers throughout,
-    ``bits``-bit weights and ReLU outputs, a ``input_bits``-bit signed input, an ``output_bits`` output."""
+    ``bits``-bit weights and ReLU outputs, a ``input_bits``-bit signed input, an ``output_bits`` output.
+
+    ``rounding`` of the activation quantizers: ``"floor"`` (``AP_TRN``: no rounding adder, and the
+    open RTL tier, which rounds only AP_TRN/AP_RND, can build it) or ``"round"`` (half to even,
+    ``AP_RND_CONV``: hls4ml's C-simulation takes it, the RTL tier refuses it)."""
     import brevitas.nn as qnn
     from brevitas.quant import Int8ActPerTensorFixedPoint, Int8WeightPerTensorFixedPoint, Int32Bias, Uint8ActPerTensorFixedPoint
 
     lin = [m for m in float_model if isinstance(m, nn.Linear)]
-    layers: list[nn.Module] = [qnn.QuantIdentity(bit_width=input_bits, act_quant=Int8ActPerTensorFixedPoint, return_quant_tensor=True)]
+    r = {"float_to_int_impl_type": rounding}
+    layers: list[nn.Module] = [qnn.QuantIdentity(bit_width=input_bits, act_quant=Int8ActPerTensorFixedPoint, return_quant_tensor=True, **r)]
     for i, m in enumerate(lin):
         q = qnn.QuantLinear(m.in_features, m.out_features, bias=True, weight_bit_width=bits, weight_quant=Int8WeightPerTensorFixedPoint,
                             bias_quant=Int32Bias, return_quant_tensor=True)
@@ -67,8 +74,8 @@ def brevitas_model(float_model: nn.Sequential, bits: int = 4, input_bits: int = 
             q.bias.copy_(m.bias)
         layers.append(q)
         if i < len(lin) - 1:
-            layers.append(qnn.QuantReLU(bit_width=bits, act_quant=Uint8ActPerTensorFixedPoint, return_quant_tensor=True))
-    layers.append(qnn.QuantIdentity(bit_width=output_bits, act_quant=Int8ActPerTensorFixedPoint, return_quant_tensor=True))
+            layers.append(qnn.QuantReLU(bit_width=bits, act_quant=Uint8ActPerTensorFixedPoint, return_quant_tensor=True, **r))
+    layers.append(qnn.QuantIdentity(bit_width=output_bits, act_quant=Int8ActPerTensorFixedPoint, return_quant_tensor=True, **r))
     return nn.Sequential(*layers)
 
 

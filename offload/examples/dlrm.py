@@ -293,7 +293,7 @@ def run(small: bool = False, device: str = "sim", dense_device: str = "cpu", n_e
     """Train the DLRM, offload its tables (and MLPs when ``ops`` says so; the rest stays on
     ``dense_device``), compare with float on test impressions.
 
-    MLP chains calibrate on training impressions; ``budget`` (e.g. ``{"auc_drop": 0.001}``) is
+    MLP chains calibrate on ``n_calib`` training impressions; ``budget`` (e.g. ``{"auc_drop": 0.001}``) is
     held on ``n_eval`` held-out impressions; the AUCs are on another ``n_eval`` test impressions.
 
     Example::
@@ -320,11 +320,12 @@ def run(small: bool = False, device: str = "sim", dense_device: str = "cpu", n_e
 
 def run_torchrec(small: bool = False, device: str = "sim", n_eval: int = 4096, fmt: str = "ap_fixed<16,6>", seed: int = 0,
                  steps: int | None = None, trained: tuple | None = None,
-                 ops: tuple[str, ...] = ("embedding_bag", "mlp"), budget: dict | None = None, precision: Any = "auto") -> DLRMResult:
+                 ops: tuple[str, ...] = ("embedding_bag", "mlp"), budget: dict | None = None, precision: Any = "auto",
+                 n_calib: int = 2048) -> DLRMResult:
     """:func:`run` on :class:`TorchRecDLRM` (same trained weights): the EBC's tables and the MLP chains
     (torchrec's MLP, functional activations) offloaded, a KeyedJaggedTensor in.
 
-    MLP chains calibrate on training impressions; ``budget`` (e.g. ``{"auc_drop": 0.001}``, with
+    MLP chains calibrate on ``n_calib`` training impressions; ``budget`` (e.g. ``{"auc_drop": 0.001}``, with
     ``precision="auto"``: one precision search over the EBC and both chains) is held on ``n_eval``
     held-out impressions and the AUCs are measured on ``n_eval`` test impressions. ``trained``:
     ``(model, test_data)`` or ``(model, test_data, train_data)`` of an earlier :func:`run`, instead of
@@ -345,7 +346,7 @@ def run_torchrec(small: bool = False, device: str = "sim", n_eval: int = 4096, f
             train_data, held, test = parts[0], parts[1], _tail(data, 2 * len(parts[0].labels))
     trm = TorchRecDLRM(model.cpu()).eval()
     test = test.to("cpu")
-    calib = [(b.dense, to_kjt(b)) for b in train_data.to("cpu").batches(512)[:4]]
+    calib = [(b.dense, to_kjt(b)) for b in train_data.to("cpu").batches(512)[:max(1, n_calib // 512)]]
     holdout = _holdout(held.to("cpu").batches(1024), lambda b: (b.dense, to_kjt(b))) if budget is not None else None
     inputs = (test.dense, to_kjt(test))
     gm = offload.offload(trm, calib[0], ops=ops, calib=calib, device=device, fmt=fmt, precision=precision,

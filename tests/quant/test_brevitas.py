@@ -27,19 +27,21 @@ from offload.sim.errors import UnsupportedError  # noqa: E402
 from offload.sim.fixed import FixedType  # noqa: E402
 
 
-def _net(bits: int = 4, bias_quant=Int32Bias, n_in: int = 10, sizes=(16, 8), last=None, seed: int = 0) -> torch.nn.Sequential:
+def _net(bits: int = 4, bias_quant=Int32Bias, n_in: int = 10, sizes=(16, 8), last=None, seed: int = 0, rounding: str = "round"
+         ) -> torch.nn.Sequential:
     torch.manual_seed(seed)
-    layers = [qnn.QuantIdentity(bit_width=6, act_quant=Int8ActPerTensorFixedPoint, return_quant_tensor=True)]
+    r = {"float_to_int_impl_type": rounding}
+    layers = [qnn.QuantIdentity(bit_width=6, act_quant=Int8ActPerTensorFixedPoint, return_quant_tensor=True, **r)]
     width = n_in
     for h in sizes:
         layers += [qnn.QuantLinear(width, h, bias=True, weight_bit_width=bits, weight_quant=Int8WeightPerTensorFixedPoint,
                                    bias_quant=bias_quant, return_quant_tensor=True),
-                   qnn.QuantReLU(bit_width=bits, act_quant=Uint8ActPerTensorFixedPoint, return_quant_tensor=True)]
+                   qnn.QuantReLU(bit_width=bits, act_quant=Uint8ActPerTensorFixedPoint, return_quant_tensor=True, **r)]
         width = h
     layers.append(qnn.QuantLinear(width, 1, bias=True, weight_bit_width=bits, weight_quant=Int8WeightPerTensorFixedPoint,
                                   bias_quant=bias_quant, return_quant_tensor=True))
     layers.append(last if last is not None else qnn.QuantIdentity(bit_width=8, act_quant=Int8ActPerTensorFixedPoint,
-                                                                  return_quant_tensor=True))
+                                                                  return_quant_tensor=True, **r))
     net = torch.nn.Sequential(*layers)
     net.train()
     with torch.no_grad():  # a few batches set the learned scales' statistics
@@ -63,10 +65,11 @@ def _rows(mlp: MLP, n_in: int, rng: np.random.Generator) -> np.ndarray:
     ]).astype(np.float32).astype(np.float64)  # Brevitas reads float32
 
 
-@pytest.mark.parametrize("bits", [4, 6])
-def test_simulate_equals_brevitas_bit_for_bit(bits):
-    net = _net(bits)
+@pytest.mark.parametrize("bits, rounding", [(4, "round"), (6, "round"), (4, "floor")])
+def test_simulate_equals_brevitas_bit_for_bit(bits, rounding):
+    net = _net(bits, rounding=rounding)
     mlp = MLP.from_brevitas(net, device="sim")
+    assert all(("AP_TRN" if rounding == "floor" else "AP_RND_CONV") in t["result"] for t in mlp.brevitas.types.values() if "weight" not in t)
     x = _rows(mlp, 10, np.random.default_rng(bits))
     want = _brevitas(net, x)
     got = mlp.simulate(x)
@@ -148,7 +151,8 @@ def test_hls4ml_csim_equals_simulate(tmp_path):
 
 @pytest.mark.rtl
 def test_verilator_rtl_equals_simulate(tmp_path):
-    net = _net(4, sizes=(8,), n_in=6, seed=4)
+    # floor rounding (AP_TRN): the RTL tier rounds only AP_TRN/AP_RND and refuses round-half-even
+    net = _net(4, sizes=(8,), n_in=6, seed=4, rounding="floor")
     mlp = MLP.from_brevitas(net, device="sim")
     x = _rows(mlp, 6, np.random.default_rng(6))[::5]
     rtl = mlp.to_rtl(str(tmp_path / "rtl"), clock_mhz=300).compile()
