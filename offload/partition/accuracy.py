@@ -168,7 +168,9 @@ def _table_formats(weights: list[torch.Tensor]) -> list[tuple[str, list[str]]]:
 
 def _mlp_builder(st: State, ref: nn.Module, calib: torch.Tensor, name: str, precision, rung: tuple[float, int] | None
                  ) -> Callable[[], nn.Module]:
-    kw = {} if rung is None else {"cos_threshold": rung[0], "table_size": rung[1], "budget": math.inf}  # the model's budget rules, not the chain's
+    # The chain's own default budget stays: a sigmoid output's cosine barely moves when its scores
+    # collapse onto a few values, its max |error| does.
+    kw = {} if rung is None else {"cos_threshold": rung[0], "table_size": rung[1]}
     return lambda: MLP.from_float(ref, calib=calib, precision=precision, reuse_factor=st.reuse_factor, device=st.device, name=name, **kw)
 
 
