@@ -20,7 +20,7 @@ import numpy as np
 
 from offload.serve.errors import InvalidRequest
 
-__all__ = ["TensorSpec", "InferRequest", "InferResponse", "check_shape", "fp32_rows", "as_fp32"]
+__all__ = ["TensorSpec", "InferRequest", "InferResponse", "check_input", "check_shape", "fp32_rows", "as_fp32"]
 
 _F32_LE = np.dtype("<f4")
 
@@ -57,6 +57,20 @@ class InferResponse:
     y: np.ndarray
     id: str | None = None
     binary_output: bool = False
+
+
+def check_input(inputs: Any, inp: TensorSpec, max_batch: int) -> tuple[Any, int, int]:
+    """The one input tensor of a request (anything with ``name``, ``datatype`` and ``shape``: a
+    REST body's or a gRPC message's) and its ``(batch, features)``; the one check of both protocols."""
+    if len(inputs) != 1:
+        raise InvalidRequest(f"inputs: expected exactly 1 tensor named {inp.name!r}, got {len(inputs)}")
+    t = inputs[0]
+    if t.name != inp.name:
+        raise InvalidRequest(f"inputs[0].name: unknown input {t.name!r}; the model's input is {inp.name!r}")
+    if t.datatype != inp.datatype:
+        raise InvalidRequest(f"inputs[0].datatype: {t.datatype!r} is not supported; expected {inp.datatype!r}")
+    b, f = check_shape(list(t.shape), inp, max_batch)
+    return t, b, f
 
 
 def check_shape(shape: Any, inp: TensorSpec, max_batch: int) -> tuple[int, int]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from offload.serve.errors import InvalidRequest
 from offload.serve.proto import grpc_predict_v2_pb2 as pb
-from offload.serve.types import InferRequest, InferResponse, TensorSpec, as_fp32, check_shape, fp32_rows
+from offload.serve.types import InferRequest, InferResponse, TensorSpec, as_fp32, check_input, fp32_rows
 
 __all__ = ["decode_infer", "encode_infer"]
 
@@ -24,14 +24,7 @@ _FP32_MAX = float(np.finfo(np.float32).max)
 def decode_infer(req: pb.ModelInferRequest, inp: TensorSpec, out: TensorSpec, max_batch: int) -> InferRequest:
     """The rows of a ModelInferRequest (float32); ``binary_output`` when the input came as raw
     contents (the answer then uses raw output contents too)."""
-    if len(req.inputs) != 1:
-        raise InvalidRequest(f"inputs: expected exactly 1 tensor named {inp.name!r}, got {len(req.inputs)}")
-    t = req.inputs[0]
-    if t.name != inp.name:
-        raise InvalidRequest(f"inputs[0].name: unknown input {t.name!r}; the model's input is {inp.name!r}")
-    if t.datatype != inp.datatype:
-        raise InvalidRequest(f"inputs[0].datatype: {t.datatype!r} is not supported; expected {inp.datatype!r}")
-    b, f = check_shape(list(t.shape), inp, max_batch)
+    t, b, f = check_input(req.inputs, inp, max_batch)
     raw = req.raw_input_contents
     if raw:
         if len(raw) != 1:

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from offload.serve.errors import InvalidRequest
-from offload.serve.types import InferRequest, InferResponse, TensorSpec, as_fp32, check_shape, fp32_rows
+from offload.serve.types import InferRequest, InferResponse, TensorSpec, as_fp32, check_input, fp32_rows
 
 __all__ = ["decode_infer", "encode_infer", "encode_json", "HEADER_LENGTH"]
 
@@ -69,14 +69,7 @@ def decode_infer(body: bytes, header_length: str | None, inp: TensorSpec, out: T
         raise InvalidRequest(f"request body: {e}") from None
     except msgspec.DecodeError as e:
         raise InvalidRequest(f"malformed JSON: {e}") from None
-    if len(req.inputs) != 1:
-        raise InvalidRequest(f"inputs: expected a list of exactly 1 tensor named {inp.name!r}")
-    t = req.inputs[0]
-    if t.name != inp.name:
-        raise InvalidRequest(f"inputs[0].name: unknown input {t.name!r}; the model's input is {inp.name!r}")
-    if t.datatype != inp.datatype:
-        raise InvalidRequest(f"inputs[0].datatype: {t.datatype!r} is not supported; expected {inp.datatype!r}")
-    b, f = check_shape(t.shape, inp, max_batch)
+    t, b, f = check_input(req.inputs, inp, max_batch)
     size = (t.parameters or {}).get("binary_data_size")
     if size is not None:
         if t.data is not None:
