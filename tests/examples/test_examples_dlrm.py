@@ -97,16 +97,22 @@ def budget_run():
 
 
 @pytest.mark.slow
-def test_tables_and_both_mlps_under_an_auc_budget(budget_run):
+def test_tables_and_mlps_under_an_auc_budget(budget_run):
+    # The budget holds on the holdout; every candidate is offloaded or kept on the host with the
+    # budget's reason (whether the top chain fits depends on how confident the trained model is:
+    # BENCHMARKS.md has the current outcome); the tables, one batched call, are offloaded.
     res = budget_run
     b = res.report.budget
     assert set(b) == {"metric", "limit", "measured", "met"} and b["metric"] == "auc_drop" and b["limit"] == 0.001
     assert b["met"] and b["measured"] <= 0.001
-    assert all(d.offloaded for d in res.report.decisions if d.kind in ("embedding_bag", "mlp"))
+    cands = [d for d in res.report.decisions if d.kind in ("embedding_bag", "mlp")]
+    assert all(d.offloaded or d.reason.startswith("kept on the host: offloaded alone at its widest rung it costs auc_drop") for d in cands), [d.reason for d in cands]
+    assert all(d.offloaded for d in cands if d.kind == "embedding_bag")
     kinds = sorted(u.kind for u in res.report.search.units)
     assert kinds == ["embedding_bag", "mlp", "mlp"]
-    assert all(u.sensitivity is not None and u.local_cosine is not None for u in res.report.search.units)
+    # A unit kept on the host is never narrowed, so it has no sensitivity; every other has both.
+    assert all(u.sensitivity is not None and u.local_cosine is not None for u in res.report.search.units if not u.reason.startswith("kept on the host"))
     s = res.summary()
-    assert "8 tables offloaded (1 table-batched call), 2 MLP chains" in s and "held-out auc_drop" in s
+    assert "8 tables offloaded (1 table-batched call)" in s and "held-out auc_drop" in s
     # the test impressions were seen by neither calibration nor the search: a looser check there
     assert res.auc_offload >= res.auc_float - 0.005, (res.auc_float, res.auc_offload)
