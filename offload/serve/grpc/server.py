@@ -45,7 +45,8 @@ __all__ = ["GrpcListener", "SERVICE", "server_options"]
 _log = logging.getLogger("offload.serve")
 
 SERVICE = "inference.GRPCInferenceService"
-_OPEN = ("ServerLive", "ServerReady")  # the REST health routes' counterparts: no key needed
+_OPEN = ("ServerLive", "ServerReady")
+_DEADLINE_SLACK_S = 0.01  # grpc core's timers fire on whole-millisecond ticks; 10 of them  # the REST health routes' counterparts: no key needed
 
 
 def server_options(plane: DataPlane) -> list[tuple[str, Any]]:
@@ -112,6 +113,7 @@ class _Servicer:
 
         async def handle(wire: bytes, context: grpc.aio.ServicerContext):
             t0 = time.perf_counter()
+            budget = context.time_remaining()  # None: the client set no deadline
             try:
                 if guarded:
                     self._check_auth(context)
@@ -131,9 +133,12 @@ class _Servicer:
                 await context.abort(grpc.StatusCode[code], str(e))
             except asyncio.CancelledError:
                 # The client's deadline passed or it cancelled: grpc answers the status itself,
-                # so it is counted here or never. Not an error of the service's.
-                left = context.time_remaining()
-                self._count("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
+                # so it is counted here or never. Not an error of the service's. grpc core's timer
+                # can cancel the handler a little before Python's clock reads the deadline as
+                # passed, so the deadline counts as the reason once all but _DEADLINE_SLACK_S of it
+                # has elapsed; a client that cancels earlier than that is CANCELLED.
+                late = budget is not None and time.perf_counter() - t0 >= budget - _DEADLINE_SLACK_S
+                self._count("DEADLINE_EXCEEDED" if late else "CANCELLED")
                 raise
             finally:
                 if name == "ModelInfer":
