@@ -78,7 +78,7 @@ class SimDevice:
         kind.validate(k.spec, k.tensors, inputs)
         return kind.reference(k.spec, k.tensors, inputs)
 
-    def bind_rows(self, handle: KernelHandle, *, fp32: bool = False, guard: bool = True) -> Callable[[np.ndarray], np.ndarray] | None:
+    def bind_rows(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[[np.ndarray], np.ndarray] | None:
         """:meth:`run` of ``handle`` as one prepared call from rows to rows (the kernel's one
         input and one output; an ndarray in), for rows that already passed the kind's input check
         for this kernel (the mlp kind's ``validate_inputs``: the scoring service checks every
@@ -92,12 +92,6 @@ class SimDevice:
         ``.astype(np.float32)`` (the kind's ``bind_rows`` does the rounding): what a server
         whose wire type is FP32 asks for.
 
-        ``guard=False``: the kind's call itself, without the frame that refuses it once the device
-        is closed, for an owner that drops the call before it closes the device (the scoring
-        service's runner clears it under its lock first). A frame is ~1 us of a one-row request
-        in a real server (BENCHMARKS.md). Called after close anyway, it still computes
-        the right answer: the kernel's arrays are the call's own, and close frees none of them.
-
         Example::
 
             score = dev.bind_rows(h)
@@ -108,16 +102,7 @@ class SimDevice:
         kind = get_kind(k.kind)
         if kind.bind_rows is None:
             return None
-        rows = kind.bind_rows(k.spec, k.tensors, fp32=fp32)
-        if not guard:
-            return rows
-
-        def call(x: np.ndarray) -> np.ndarray:
-            if self._closed:  # _check_open's test inline: its frame only when it raises
-                self._check_open()
-            return rows(x)
-
-        return call
+        return self._refused_once_closed(kind.bind_rows(k.spec, k.tensors, fp32=fp32))
 
     def bind_checked(self, handle: KernelHandle, *, fp32: bool = False) -> Callable[..., np.ndarray] | None:
         """:meth:`run`'s one output as one prepared call on the kernel's inputs given positionally
@@ -138,15 +123,17 @@ class SimDevice:
         if kind.bind_checked is None:
             return None
         call = kind.bind_checked(k.spec, k.tensors, fp32=fp32)
-        if call is None:
-            return None
+        return None if call is None else self._refused_once_closed(call)
 
-        def checked(*inputs: np.ndarray | None) -> np.ndarray:
+    def _refused_once_closed(self, fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+        """``fn``, refused (as :meth:`run` refuses) once this device is closed."""
+
+        def call(*inputs: np.ndarray | None) -> np.ndarray:
             if self._closed:  # _check_open's test inline: its frame only when it raises
                 self._check_open()
-            return call(*inputs)
+            return fn(*inputs)
 
-        return checked
+        return call
 
     def submit(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
         with self._lock:
