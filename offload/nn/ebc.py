@@ -28,10 +28,30 @@ from offload.nn.embedding_kernel import embedding_kernel, float_table, table_spe
 from offload.nn.fbgemm import from_fbgemm
 from offload.sim.errors import FormatError, InputError
 
-__all__ = ["EmbeddingBagCollection"]
+__all__ = ["EmbeddingBagCollection", "check_features"]
 
 # torchrec.modules.embedding_configs.PoolingType names -> offload modes.
 _POOLING = {"SUM": "sum", "MEAN": "mean"}
+
+
+def check_features(features, keys, weighted: bool, weighted_mean_refused: bool) -> None:
+    """The checks a collection makes of a ``KeyedJaggedTensor`` before any lookup: every feature of
+    ``keys`` present, weights where the collection is ``weighted``, and none for MEAN tables where
+    the float torchrec collection refuses them (``weighted_mean_refused``), as torch.nn.EmbeddingBag.
+
+    Example::
+
+        check_features(kjt, ebc.keys, ebc.is_weighted, False)
+    """
+    have = features.keys()
+    missing = [f for f in keys if f not in have]
+    if missing:
+        raise InputError(f"features: the KeyedJaggedTensor lacks {missing} (it has {have})")
+    if weighted and features.weights_or_none() is None:
+        raise InputError("features: this collection is weighted; the KeyedJaggedTensor has no weights")
+    if weighted_mean_refused:
+        raise NotImplementedError("per_sample_weights: only supported with SUM pooling in this (float torchrec) collection, "
+                                  "as torch.nn.EmbeddingBag; a MEAN table was given weighted features")
 
 
 class EmbeddingBagCollection(torch.nn.Module):
@@ -114,15 +134,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         key order, one stride); returns a ``KeyedTensor`` (``B x sum(dims)``, ``key_dim=1``)."""
         from torchrec.sparse.jagged_tensor import KeyedTensor
 
-        have = features.keys()
-        missing = [f for f in self.keys if f not in have]
-        if missing:
-            raise InputError(f"features: the KeyedJaggedTensor lacks {missing} (it has {have})")
-        if self.is_weighted and features.weights_or_none() is None:
-            raise InputError("features: this collection is weighted; the KeyedJaggedTensor has no weights")
-        if self.is_weighted and not self.weighted_mean and any(t.mode == "mean" for t in self.tbes):
-            raise NotImplementedError("per_sample_weights: only supported with SUM pooling in this (float torchrec) collection, "
-                                      "as torch.nn.EmbeddingBag; a MEAN table was given weighted features")
+        check_features(features, self.keys, self.is_weighted, self.is_weighted and not self.weighted_mean and any(t.mode == "mean" for t in self.tbes))
         jts = features.to_dict()
         outs = []
         for tbe, fs in zip(self.tbes, self.group_features):

@@ -23,7 +23,7 @@ import torch
 
 from offload.kernels import Kernel
 from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, EmbeddingSpec, TableSpec, combine_partials
-from offload.nn.ebc import EmbeddingBagCollection
+from offload.nn.ebc import EmbeddingBagCollection, check_features
 from offload.nn import fbgemm
 from offload.ops.embedding import quantize_weights, raw_to_tensor
 from offload.plan.engine import open_engine
@@ -161,15 +161,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         """``features``: a ``KeyedJaggedTensor`` with this collection's features; returns a ``KeyedTensor``."""
         from torchrec.sparse.jagged_tensor import KeyedTensor
 
-        have = features.keys()
-        missing = [f for f in self.keys if f not in have]
-        if missing:
-            raise InputError(f"features: the KeyedJaggedTensor lacks {missing} (it has {have})")
-        if self.is_weighted and features.weights_or_none() is None:
-            raise InputError("features: this collection is weighted; the KeyedJaggedTensor has no weights")
-        if self.is_weighted and not self.weighted_mean and any(g[0].mode == "mean" for g in self._groups):
-            raise NotImplementedError("per_sample_weights: only supported with SUM pooling in this (float torchrec) collection, "
-                                      "as torch.nn.EmbeddingBag; a MEAN table was given weighted features")
+        check_features(features, self.keys, self.is_weighted, self.is_weighted and not self.weighted_mean and any(g[0].mode == "mean" for g in self._groups))
         jts = features.to_dict()
         streams = []  # per group: per lookup (indices int64, lengths, weights raw | None)
         B = None
