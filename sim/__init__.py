@@ -1,30 +1,7 @@
 """Layer 1: fixed-point arithmetic with ap_fixed/ap_int semantics and bit-accurate reference models.
 
-NumPy only: nothing here imports torch.
+NumPy only: nothing here imports torch. The package's names are :mod:`offload.sim.fixed`'s.
 """
 
-from .fixed import (
-    OVERFLOW_MODES,
-    ROUNDING_MODES,
-    FixedType,
-    accumulate,
-    add,
-    add_type,
-    mul,
-    mul_type,
-    sub,
-    sub_type,
-)
-
-__all__ = [
-    "FixedType",
-    "ROUNDING_MODES",
-    "OVERFLOW_MODES",
-    "add",
-    "sub",
-    "mul",
-    "add_type",
-    "sub_type",
-    "mul_type",
-    "accumulate",
-]
+from .fixed import *  # noqa: F403
+from .fixed import __all__  # noqa: F401
