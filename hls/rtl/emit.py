@@ -16,8 +16,9 @@ Every layer becomes da4ml operations whose values are, by construction, the simu
   its input can take), each entry computed by the simulator's own activation (hls4ml's table,
   index arithmetic and cast): the RTL equals hls4ml exactly by construction.
 
-Casts use da4ml's ``quantize`` (TRN/RND rounding, WRAP/SAT/SAT_SYM overflow); the other ap_types
-modes are accepted only where the cast cannot round (or overflow) at all.
+Casts use da4ml's ``quantize`` (TRN/RND rounding, WRAP/SAT/SAT_SYM overflow); AP_RND_CONV (ties to
+even, Brevitas's and torch's rounding) adds a bias built from the kept LSB and truncates. The other
+ap_types modes are accepted only where the cast cannot round (or overflow) at all.
 
 Example::
 
@@ -111,16 +112,41 @@ def _kif(t: FixedType) -> tuple[int, int, int]:
     return int(t.signed), t.I - int(t.signed), t.F
 
 
+def _half_even_bias(v, f: int):
+    """``v`` plus what makes a floor to ``2**-f`` round half to even (AP_RND_CONV), exactly.
+
+    With ``s = 2**-f`` the kept step and ``e`` the step of ``v`` (``e <= s/2``), adding
+    ``s/2 - e`` and then ``e`` times the kept LSB of ``floor(v / s)`` moves the floor up exactly
+    when the dropped part is over half (it is then at least ``s/2 + e``) or exactly half with an
+    odd kept LSB; a dropped part below half is at most ``s/2 - e`` and stays below ``s``. The LSB
+    is a one-bit wrap of ``v`` (da4ml's ``quantize(0, 1 - f, f)``, weight ``s``), scaled by
+    ``e/s`` (a shift): two additions and no comparison.
+    """
+    s, e = Decimal(2) ** -f, v.step
+    if e >= s:
+        return v  # nothing is dropped
+    lsb = v.quantize(0, 1 - f, f, "WRAP", "TRN")
+    return (v + (s / 2 - e)) + lsb * (e / s)
+
+
 def _cast(v, t: FixedType, what: str):
     """``(t)v`` on a FixedVariableArray, ap_types semantics."""
+    from da4ml.trace import FixedVariableArray
+
     k, i, f = _kif(t)
     if t.sat_bits:
         raise UnsupportedError(f"{what}: type {t} has saturation bits N={t.sat_bits}; the RTL tier supports N=0")
     rnd = _ROUND.get(t.rounding)
-    if rnd is None:
+    if rnd is None and t.rounding == "AP_RND_CONV":
+        # da4ml rounds only TRN and RND: ties to even is built from exact additions, then truncated.
+        biased = np.array([_half_even_bias(x, f) for x in v._vars.ravel()], dtype=object).reshape(v._vars.shape)
+        v, rnd = FixedVariableArray(biased, v.solver_options), "TRN"
+    elif rnd is None:
         # Any other rounding mode is fine when nothing is rounded away.
         if int(np.max(v.kif[2])) > f:
-            raise UnsupportedError(f"{what}: rounding mode {t.rounding} of {t} would round here; the RTL tier supports AP_TRN and AP_RND")
+            raise UnsupportedError(
+                f"{what}: rounding mode {t.rounding} of {t} would round here; the RTL tier supports AP_TRN, AP_RND and AP_RND_CONV"
+            )
         rnd = "TRN"
     ovf = _OVERFLOW.get(t.overflow)
     if ovf is None:

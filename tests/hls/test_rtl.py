@@ -7,6 +7,7 @@ Yosys runs on the smallest). Every row of every batch is compared bit for bit wi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -98,6 +99,47 @@ def test_rtl_predict_equals_simulate_on_every_row(which, request):
     # The rows exercise saturation / wrap-around: some layer's raw output sits at its type's extremes.
     _, steps = forward(mlp.spec.input_type, mlp.spec.layers, mlp.spec.tensors(), x, trace=True)
     assert any(((raw == t.max_raw) | (raw == t.min_raw)).any() for name, raw, t in steps if name != "input")
+
+
+def _half_even_net() -> MLP:
+    """Every cast rounds half to even (Brevitas's rounding), under each overflow mode; diagonal
+    weights of 1 and -1 make every odd input code a tie (positive and negative) in fc0."""
+    seq = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LeakyReLU(0.25), torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        seq[0].weight.copy_(torch.tensor([[1.0, 0, 0, 0], [0, -1, 0, 0], [0, 0, 0.5, 0.25], [0.75, 0, 0, -0.5]]))
+        seq[0].bias.copy_(torch.tensor([0.0, 0.03125, -0.03125, 0]))
+        seq[2].weight.copy_(torch.tensor([[1.0, -1, 0, 0], [0, 0.5, -1, 0.5], [-0.75, 0, 1, 1]]))
+        seq[2].bias.zero_()
+    precision = {
+        "input": "ap_fixed<10,4>",
+        "fc0": {"weight": "ap_fixed<6,2>", "bias": "ap_fixed<8,2>", "accum": "ap_fixed<24,8>", "result": "ap_fixed<9,4,AP_RND_CONV,AP_SAT>"},
+        "lrelu1": {"param": "ap_fixed<6,2>", "result": "ap_fixed<7,3,AP_RND_CONV,AP_WRAP>"},
+        "fc2": {"weight": "ap_fixed<6,2>", "bias": "ap_fixed<6,2>", "accum": "ap_fixed<24,8>", "result": "ap_fixed<6,3,AP_RND_CONV,AP_SAT_SYM>"},
+        "relu3": "ap_ufixed<3,2,AP_RND_CONV,AP_SAT>",
+    }
+    return MLP.from_float(seq, precision=precision, n_features=4, device="sim")
+
+
+def test_rtl_round_half_even_is_bit_exact_on_every_input_code(tmp_path):
+    """AP_RND_CONV (ties to even) in the RTL equals the ap_types reference on every input code of
+    every lane, the type's extremes and random rows; ties really occur (AP_RND gives other values)."""
+    mlp = _half_even_net()
+    t = FixedType.parse(mlp.spec.input_type)
+    rng = np.random.default_rng(0)
+    codes = np.arange(t.min_raw, t.max_raw + 1)
+    x = np.concatenate([np.stack([rng.permutation(codes) for _ in range(4)], axis=1) * t.lsb,
+                        np.full((1, 4), t.max_float), np.full((1, 4), t.min_float), rng.normal(size=(200, 4)) * 4])
+    got, want = mlp.to_rtl(tmp_path / "conv", clock_mhz=300).predict(x), mlp.simulate(x)
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, f"{len(bad)} mismatches, first at row {bad[0][0]}: rtl {got[tuple(bad[0])]} vs sim {want[tuple(bad[0])]}"
+    # fc0 lane 0 is x0 with one fraction bit dropped: odd codes are ties, on both signs.
+    odd = (codes % 2 == 1)
+    assert (codes[odd] < 0).any() and (codes[odd] > 0).any()
+    up_layers = tuple(dataclasses.replace(l, result=str(l.result).replace("AP_RND_CONV", "AP_RND")) for l in mlp.spec.layers)
+    assert not np.array_equal(want, forward(mlp.spec.input_type, up_layers, mlp.spec.tensors(), x))
+    # Saturation edges are reached: fc0 and fc2 hit their extremes.
+    _, steps = forward(mlp.spec.input_type, mlp.spec.layers, mlp.spec.tensors(), x, trace=True)
+    assert all(((raw == tt.max_raw) | (raw == tt.min_raw)).any() for name, raw, tt in steps if name in ("fc0", "fc2"))
 
 
 def test_rtl_sigmoid_table_edges(net_a):
@@ -280,9 +322,9 @@ def test_regress_rtl_checks_catalogue_mlps_against_golden(tmp_path):
     checks = {r.name: r.checks["rtl"] for r in rep.results}
     tanh = checks["mlp/8-4/ap_fixed8_3/r1/tanh+tanh"]
     assert tanh.status == "pass" and tanh.data["mismatches"] == {"y": 0} and tanh.data["latency_cycles"] == tanh.data["stages"] + 1
-    # AP_RND_CONV rounding has no RTL mapping: said so, not passed off as checked.
+    # AP_RND_CONV rounding (ties to even) is realised in the RTL too.
     conv = checks["mlp/12-8-2/ap_fixed10_4-sat/r1/tanh"]
-    assert conv.status == "skipped" and "AP_RND_CONV" in conv.detail
+    assert conv.status == "pass" and conv.data["mismatches"] == {"y": 0}
     assert rep.ok
 
 
