@@ -349,15 +349,23 @@ def _count(state: "_State", it: _Item, target: float, cand: list[int]) -> int:
     return max(1, k_bytes, k_load)
 
 
-def _pieces(state: _State, it: _Item, target: float) -> tuple[list[tuple[int, int, int, int]], list[int]]:
-    """The row pieces (equal lookups) a table is cut into up front, and the banks they may take:
-    one host's where that host can hold the table (table-row-wise), every allowed bank otherwise."""
-    t = it.table
+def _opening(state: _State, it: _Item, target: float) -> tuple[list[int], int, bool]:
+    """What :func:`_pieces` and :func:`_place` start from: the banks ``it`` may take (a
+    :class:`PlanError` when there are none), how many row pieces it needs (:func:`_count`), and
+    whether it goes whole (table-wise: one piece is enough, or table-wise is the only type allowed)."""
     cand = state.candidates(it, None)
     if not cand:
         raise state.nowhere(it, "the allowed memories")
     k = _count(state, it, target, cand)
-    if _allows(it, "table_wise") and (k == 1 or it.constraint.get("sharding") == ("table_wise",)):
+    return cand, k, _allows(it, "table_wise") and (k == 1 or it.constraint.get("sharding") == ("table_wise",))
+
+
+def _pieces(state: _State, it: _Item, target: float) -> tuple[list[tuple[int, int, int, int]], list[int]]:
+    """The row pieces (equal lookups) a table is cut into up front, and the banks they may take:
+    one host's where that host can hold the table (table-row-wise), every allowed bank otherwise."""
+    t = it.table
+    cand, k, whole = _opening(state, it, target)
+    if whole:
         return [(0, t.rows, 0, t.dim)], cand
     if t.rows < 2 or not (_allows(it, "row_wise") or _allows(it, "table_row_wise")):
         return [], cand
@@ -418,11 +426,8 @@ def _place_all(state: _State, items: list[_Item], target: float) -> dict[str, tu
 
 def _place(state: _State, it: _Item, target: float) -> tuple[str, list[Shard]]:
     t = it.table
-    cand = state.candidates(it, None)
-    if not cand:
-        raise state.nowhere(it, "the allowed memories")
-    k = _count(state, it, target, cand)
-    if _allows(it, "table_wise") and (k == 1 or it.constraint.get("sharding") == ("table_wise",)):
+    cand, k, whole = _opening(state, it, target)
+    if whole:
         got = state.place_whole(it)
         if got is not None:
             return "table_wise", [got]

@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -25,8 +26,15 @@ PLAN_PARAM_TYPE = "ap_fixed<24,8>"
 
 def row_bytes(dim: int, fmt: str) -> int:
     """Resident bytes of one row of ``dim`` columns in ``fmt`` (row-wise: codes plus scale and bias)."""
+    return _row_bytes(int(dim), fmt)
+
+
+# The planner asks this for every (piece, bank) pair it weighs: parsing the format each time was
+# most of its planning time.
+@functools.lru_cache(maxsize=1024)
+def _row_bytes(dim: int, fmt: str) -> int:
     try:
-        ts = TableSpec("t", 1, int(dim), fmt, PLAN_PARAM_TYPE if fmt == ROWWISE else None)
+        ts = TableSpec("t", 1, dim, fmt, PLAN_PARAM_TYPE if fmt == ROWWISE else None)
         return ts.bytes()
     except ValueError as e:
         raise FormatError(f"fmt {fmt!r}: {e}") from e
