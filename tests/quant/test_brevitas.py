@@ -150,10 +150,11 @@ def test_hls4ml_csim_equals_simulate(tmp_path):
 
 
 @pytest.mark.rtl
-def test_verilator_rtl_equals_simulate(tmp_path):
-    # floor rounding (AP_TRN): the RTL tier rounds only AP_TRN/AP_RND and refuses round-half-even
-    net = _net(4, sizes=(8,), n_in=6, seed=4, rounding="floor")
+@pytest.mark.parametrize("rounding", ["round", "floor"])  # half to even (AP_RND_CONV), floor (AP_TRN)
+def test_verilator_rtl_equals_simulate(tmp_path, rounding):
+    net = _net(4, sizes=(8,), n_in=6, seed=4, rounding=rounding)
     mlp = MLP.from_brevitas(net, device="sim")
+    assert any("AP_RND_CONV" in str(layer.result) for layer in mlp.spec.layers) == (rounding == "round")
     x = _rows(mlp, 6, np.random.default_rng(6))[::5]
     rtl = mlp.to_rtl(str(tmp_path / "rtl"), clock_mhz=300).compile()
     assert np.array_equal(rtl.predict(x), mlp.simulate(x))
