@@ -147,3 +147,15 @@ class EmbeddingBagCollection(torch.nn.Module):
         if self._perm is not None:
             y = y.index_select(1, self._perm.to(y.device))
         return KeyedTensor(keys=list(self.keys), length_per_key=list(self.dims), values=y, key_dim=1)
+
+    def plan_tables(self) -> list:
+        """The tables as the planner sees them (``offload.plan.tables_of`` calls this, its
+        ``TableSource`` hook): each group kernel's tables with the features that look them up.
+
+        Example::
+
+            plan = offload.plan.shard(offload.plan.tables_of(m), offload.plan.Topology.uniform("u55c"))
+        """
+        from offload.plan.tables import tables_of_specs
+
+        return tables_of_specs((tbe.offload_kernels()[0].spec, fs) for tbe, fs in zip(self.tbes, self.group_features))

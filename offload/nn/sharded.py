@@ -70,12 +70,12 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         self.is_weighted = single.is_weighted
         self.weighted_mean = single.weighted_mean
         self.group_features = [list(f) for f in single.group_features]
-        self._perm = single._perm
+        self._perm = _key_order(self.keys, self.group_features, [list(tbe.dims) for tbe in single.tbes])
         self._groups = []  # (full spec, dtype, on_overflow, bounds_check, feature rows, lookups)
         for tbe in single.tbes:
             k = tbe.offload_kernels()[0]
-            self._groups.append((k.spec, tbe.dtype, tbe.on_overflow, tbe.bounds_check, list(tbe._feature_rows),
-                                 self._lookups(k, plan)))
+            rows = [k.spec.tables[t].num_rows for t in (k.spec.feature_table_map or range(k.spec.num_tables))]
+            self._groups.append((k.spec, tbe.dtype, tbe.on_overflow, tbe.bounds_check, rows, self._lookups(k, plan)))
         self._cards = self._assign(plan)
         kernels = {card: [self._card_kernel(card, g, slots) for g, slots in by_group] for card, by_group in self._cards.items()}
         self.engine = open_engine(engine, plan.topology, device=device)
@@ -252,3 +252,14 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
     def close(self) -> None:
         """Release the cards (the engine's devices or actors)."""
         self.engine.close()
+
+
+def _key_order(keys: Sequence[str], group_features: Sequence[Sequence[str]], group_dims: Sequence[Sequence[int]]) -> Optional[torch.Tensor]:
+    """The columns of the groups' concatenated outputs in ``keys`` order (None when already so)."""
+    start, width, col = {}, {}, 0
+    for fs, ds in zip(group_features, group_dims):
+        for f, d in zip(fs, ds):
+            start[f], width[f] = col, d
+            col += d
+    perm = [c for k in keys for c in range(start[k], start[k] + width[k])]
+    return None if perm == list(range(col)) else torch.tensor(perm, dtype=torch.int64)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
-from offload.kernels.embedding import ROWWISE, TableSpec
+from offload.host.bundle import KernelSource
+from offload.kernels.embedding import ROWWISE, EmbeddingSpec, TableSpec
 from offload.sim.errors import FormatError, InputError, InputTypeError
 
-__all__ = ["Table", "tables_of", "row_bytes", "DEFAULT_FMT", "PLAN_PARAM_TYPE"]
+__all__ = ["Table", "TableSource", "tables_of", "tables_of_specs", "row_bytes", "DEFAULT_FMT", "PLAN_PARAM_TYPE"]
 
 DEFAULT_FMT = "ap_fixed<16,6>"
 # Row-wise tables keep a 24-bit scale and bias per row (rowwise_param_type's width), stored in int32:
@@ -107,11 +108,47 @@ class Table:
         return m / total
 
 
+@runtime_checkable
+class TableSource(Protocol):
+    """What :func:`tables_of` asks an embedding module that knows its tables (``offload.nn``'s
+    ``EmbeddingBagCollection`` implements it): the tables as the planner sees them."""
+
+    def plan_tables(self) -> list[Table]: ...
+
+
+@runtime_checkable
+class _TorchrecCollection(Protocol):
+    # torchrec's EmbeddingBagCollection, float and quantized (torchrec 1.8: both define it).
+    def embedding_bag_configs(self) -> Sequence: ...
+
+
+def tables_of_specs(groups: Iterable[tuple[EmbeddingSpec, Sequence[str] | None]]) -> list[Table]:
+    """The tables of embedding kernel specs, each with the names of its features in the spec's
+    feature order (``None``: each feature named after its table); a table in several specs once.
+
+    Example::
+
+        tables_of_specs([(kernel.spec, ["user", "item"])])
+    """
+    tables: dict[str, Table] = {}
+    for spec, names in groups:
+        ftm = spec.feature_table_map or tuple(range(spec.num_tables))
+        per_table: dict[int, list[str]] = {}
+        for f, t in enumerate(ftm):
+            per_table.setdefault(t, []).append(names[f] if names else spec.tables[t].name)
+        for t, ts in enumerate(spec.tables):
+            tables.setdefault(ts.name, Table(ts.name, ts.num_rows, ts.dim, str(ts.fmt), features=tuple(per_table.get(t, [ts.name]))))
+    return list(tables.values())
+
+
 def tables_of(obj: Any, fmt: str | None = None) -> list[Table]:
     """The tables of ``obj``: a ``torchrec.EmbeddingBagCollection`` (float or quantized), an
-    ``offload.nn.EmbeddingBagCollection`` or ``TableBatchedEmbeddingBags``, or a list of
-    :class:`Table`. ``fmt`` sets the planned storage format of a float torchrec collection's tables
-    (default ``ap_fixed<16,6>``, what ``EmbeddingBagCollection.from_torchrec`` uses).
+    ``offload.nn.EmbeddingBagCollection`` (its :meth:`plan_tables`, the :class:`TableSource`
+    hook), an ``offload.nn.TableBatchedEmbeddingBags`` or anything else whose ``offload_kernels()``
+    are embedding kernels, or a list of :class:`Table`. ``fmt`` sets the planned storage format of
+    a float torchrec collection's tables (default ``ap_fixed<16,6>``, what
+    ``EmbeddingBagCollection.from_torchrec`` uses); a quantized one's INT8 tables are planned
+    ``int8_rowwise`` (each config's ``data_type``).
 
     Example::
 
@@ -123,47 +160,28 @@ def tables_of(obj: Any, fmt: str | None = None) -> list[Table]:
         if bad:
             raise InputTypeError(f"tables: a list of offload.plan.Table, got {bad[0]}")
         return out
-    specs = _specs_of(obj)
-    if specs is not None:
-        tables: dict[str, Table] = {}
-        for spec, names in specs:
-            for ts, feats in names:
-                tables.setdefault(ts.name, Table(ts.name, ts.num_rows, ts.dim, ts.fmt, features=tuple(feats)))
-        return list(tables.values())
-    cfgs = _torchrec_configs(obj)
-    if cfgs is None:
+    if isinstance(obj, TableSource):
+        return tables_of(obj.plan_tables())
+    if isinstance(obj, KernelSource):
+        specs = [k.spec for k in obj.offload_kernels() if isinstance(k.spec, EmbeddingSpec)]
+        if not specs:
+            raise InputTypeError(f"tables_of: {type(obj).__name__} holds no embedding kernel")
+        return tables_of_specs((spec, None) for spec in specs)
+    if not isinstance(obj, _TorchrecCollection):
         raise InputTypeError(f"tables_of: expected a torchrec or offload embedding collection, or a list of Table; got {type(obj).__name__}")
-    quant = _is_quant(obj)
     out = []
-    for c in cfgs:
-        f = ROWWISE if quant else (fmt or DEFAULT_FMT)
-        out.append(Table(c.name, int(c.num_embeddings), int(c.embedding_dim), f, features=tuple(c.feature_names)))
+    for c in obj.embedding_bag_configs():
+        out.append(Table(c.name, int(c.num_embeddings), int(c.embedding_dim), _torchrec_fmt(c, fmt), features=tuple(c.feature_names)))
     return out
 
 
-def _torchrec_configs(obj: Any) -> Sequence | None:
-    getter = getattr(obj, "embedding_bag_configs", None)
-    if getter is None:
-        return None
-    cfgs = getter() if callable(getter) else getter
-    return list(cfgs)
-
-
-def _is_quant(obj: Any) -> bool:
-    return type(obj).__module__.startswith("torchrec.quant")
-
-
-def _specs_of(obj: Any) -> list | None:
-    # offload.nn modules carry their kernel specs: TBEs directly, EBCs through their groups.
-    tbes: Iterable = getattr(obj, "tbes", None) or ([obj] if hasattr(obj, "kernel") and hasattr(obj, "dims") else None) or ()
-    out = []
-    for tbe in tbes:
-        spec = tbe.kernel.spec
-        ftm = spec.feature_table_map or tuple(range(spec.num_tables))
-        feats = getattr(obj, "group_features", None)
-        names = None if feats is None else feats[list(obj.tbes).index(tbe)]
-        per_table: dict[int, list[str]] = {}
-        for f, t in enumerate(ftm):
-            per_table.setdefault(t, []).append(names[f] if names else spec.tables[t].name)
-        out.append((spec, [(ts, per_table.get(t, [ts.name])) for t, ts in enumerate(spec.tables)]))
-    return out or None
+def _torchrec_fmt(cfg: Any, fmt: str | None) -> str:
+    """A torchrec table config's planned format from its ``data_type`` (a ``DataType`` enum, FP32
+    unless torchrec's quantization set it): INT8/UINT8 as FBGEMM stores them, row-wise; a float
+    type as ``fmt``."""
+    kind = cfg.data_type.name
+    if kind in ("INT8", "UINT8"):
+        return ROWWISE
+    if kind in ("FP32", "FP16", "BF16"):
+        return fmt or DEFAULT_FMT
+    raise FormatError(f"table {cfg.name!r}: data_type {kind}; offload plans FP32/FP16/BF16 (as fmt) and INT8 (int8_rowwise) tables")
