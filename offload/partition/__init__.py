@@ -51,6 +51,7 @@ def offload(
     holdout: Any = None,
     budget: dict[str, float] | None = None,
     plan: Any = None,
+    launch: str | None = None,
 ) -> nn.Module:
     """Return ``model`` with embedding lookups and MLP chains moved to an offload device.
 
@@ -67,6 +68,15 @@ def offload(
     ``{"metric", "limit", "measured", "met"}``.
     ``plan``: an :class:`offload.plan.Plan`; every TorchRec EBC found becomes an
     :class:`offload.nn.ShardedEmbeddingBagCollection` over the plan's cards (local engine).
+    ``launch``: how the device starts the offloaded kernels, for a ``device`` spec string:
+    ``"per_call"`` (a kernel run per call), ``"persistent"`` (the device is opened once with
+    ``open_device(device, launch="persistent")``: kernels started at load, calls through a ring;
+    a device without that mode raises :class:`~offload.sim.errors.UnsupportedError`) or ``"auto"``
+    (persistent where the device offers it, else per call). ``None`` (default): as before, per call
+    on the process's shared device, or an open Device as it was opened (giving ``launch`` with an
+    open Device is an :class:`~offload.sim.errors.InputTypeError`). Each offloaded row of the
+    report says its launch mode (``Decision.launch``), and a note says why not persistent where
+    ``"auto"`` could not be.
     The result is a ``torch.fx.GraphModule`` (the unchanged model wrapped, when it cannot be traced)
     with ``offload_report``.
 
@@ -77,10 +87,20 @@ def offload(
     """
     st = start(model, example_inputs, ops=tuple(ops), calib=calib, device=device, card=card, fmt=fmt,
                precision=precision, reuse_factor=reuse_factor, batch_tables=batch_tables, max_bag_size=max_bag_size,
-               holdout=holdout, budget=budget, plan=plan)
+               holdout=holdout, budget=budget, plan=plan, launch=launch)
     find.apply(st)
     if st.gm is None:
         return untraceable(model, st.trace_error, device, st.card)
     for step in (calibrate, card_budget, group, replace, accuracy):
         step.apply(st)
+    _report_launch(st)
     return replace.finish(st)
+
+
+def _report_launch(st) -> None:
+    """Each offloaded unit's launch mode in its report row, and why not persistent where asked."""
+    if st.launch_why:
+        st.report.notes.append(f"launch: per_call, persistent is not possible on device {st.report.device!r} ({st.launch_why})")
+    for d in st.report.offloaded:
+        # A plan's sharded collection runs on the devices its engine opens, one run per call.
+        d.launch = "per_call" if st.plan is not None and d.kind == "ebc" else st.launch

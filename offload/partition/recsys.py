@@ -84,7 +84,7 @@ def build(kind: str, m: nn.Module, fmt: str, device: Any, name: str, plan: Any =
     from offload.nn import EmbeddingBagCollection, ShardedEmbeddingBagCollection, TableBatchedEmbeddingBags
 
     if kind == "ebc" and plan is not None:
-        return ShardedEmbeddingBagCollection.from_torchrec(m, plan, "local", fmt=fmt, device=device if isinstance(device, str) else "sim")
+        return ShardedEmbeddingBagCollection.from_torchrec(m, plan, "local", fmt=fmt, device=device if isinstance(device, str) else getattr(device, "name", "sim"))
     if kind == "ebc":
         return EmbeddingBagCollection.from_torchrec(m, fmt=fmt, device=device)
     return TableBatchedEmbeddingBags.from_fbgemm(m, fmt=fmt, device=device, name=name)

@@ -32,6 +32,7 @@ class Decision:
     reason: str
     replacement: str | None = None
     batched_with: tuple[str, ...] = ()
+    launch: str = ""  # an offloaded unit's launch mode on its device: "per_call" or "persistent"
 
 
 @dataclass
@@ -78,7 +79,7 @@ class OffloadReport(RichReport):
         for col in ("node", "op", "module", "shape", "placement", "why"):
             t.add_column(col, overflow="fold")
         for d in self.decisions:
-            where = f"offload ({d.replacement})" if d.offloaded else "host"
+            where = f"offload ({d.replacement}{', ' + d.launch if d.launch else ''})" if d.offloaded else "host"
             why = d.reason + (f" [batched with {', '.join(x for x in d.batched_with if x != d.node)}]" if d.batched_with else "")
             t.add_row(d.node, d.kind, d.target, d.shape, where, why)
         return t

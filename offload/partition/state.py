@@ -15,11 +15,12 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from offload.hls.cards import Card, get_card
-from offload.host import Device
+from offload.hls.cards import LAUNCH_MODES, Card, get_card
+from offload.host import Device, open_device
 from offload.partition import holdout as holdout_
 from offload.partition.find import Candidate, Skipped
 from offload.partition.report import Decision, OffloadReport
+from offload.sim.errors import InputError, InputTypeError, OffloadError
 
 __all__ = ["State", "start", "table_key", "TABLE_KINDS"]
 
@@ -45,6 +46,8 @@ class State:
     max_bag_size: int | None = None  # the declared longest bag of the tables (None: the kernels' default)
     holdout: Any = None  # offload.partition.holdout.Holdout: the data and limit of a model-level budget
     plan: Any = None  # offload.plan.Plan: where every EBC's tables go (sharded over its cards)
+    launch: str = "per_call"  # how the device runs the offloaded kernels (resolved from offload()'s launch=)
+    launch_why: str = ""  # why it is not persistent, where persistence was asked for ("auto") and is not possible
     # find
     gm: fx.GraphModule | None = None
     trace_error: Exception | None = None
@@ -89,10 +92,37 @@ def _device_name(device: str | Device | None) -> str:
     return str(device) if device is None or isinstance(device, str) else device.name
 
 
+LAUNCH_CHOICES = ("auto", *LAUNCH_MODES)
+
+
+def _launch_device(device: str | Device | None, launch: str | None) -> tuple[str | Device | None, str, str]:
+    """``(device to build on, its launch mode, why not persistent)`` for ``offload()``'s ``device``
+    and ``launch``. ``None``: today's behaviour (a spec string runs per call on the process's
+    shared device; a Device object as it was opened). A persistent device is opened here, once,
+    and every offloaded unit loads onto it; ``"auto"`` falls back to per call with the reason."""
+    if launch is None:
+        return device, getattr(device, "launch", "per_call") if isinstance(device, Device) else "per_call", ""
+    if launch not in LAUNCH_CHOICES:
+        raise InputError(f"launch: {launch!r} is not one of {list(LAUNCH_CHOICES)}")
+    if device is not None and not isinstance(device, str):
+        raise InputTypeError(f"launch={launch!r} with device={getattr(device, 'name', type(device).__name__)!r}, an open device: its launch mode "
+                             "was fixed by open_device(..., launch=); pass a device spec string with launch=, or the device alone")
+    if launch == "per_call":
+        return device, "per_call", ""
+    try:
+        return open_device(device, launch="persistent"), "persistent", ""
+    except OffloadError as e:
+        if launch == "persistent":
+            raise
+        return device, "per_call", f"{type(e).__name__}: {e}"
+
+
 def start(model: nn.Module, example_inputs: Any, *, ops: tuple[str, ...], calib: Any, device: str | Device | None,
           card: str | Card, fmt: str, precision: Any, reuse_factor: int, batch_tables: bool,
-          max_bag_size: int | None = None, holdout: Any = None, budget: Any = None, plan: Any = None) -> State:
-    """Check ``offload.offload``'s arguments and hold them in a fresh :class:`State`."""
+          max_bag_size: int | None = None, holdout: Any = None, budget: Any = None, plan: Any = None,
+          launch: str | None = None) -> State:
+    """Check ``offload.offload``'s arguments and hold them in a fresh :class:`State`; with
+    ``launch`` other than None and per call, the device is opened here (:func:`_launch_device`)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(reuse_factor, int) or reuse_factor < 1:
@@ -107,5 +137,7 @@ def start(model: nn.Module, example_inputs: Any, *, ops: tuple[str, ...], calib:
 
         if not isinstance(plan, Plan):
             raise TypeError(f"plan: expected an offload.plan.Plan, got {type(plan).__name__}")
-    return State(model, tuple(ops), device, card_, fmt, precision, reuse_factor, batch_tables, batches, calib is not None, report,
-                 max_bag_size, holdout_.check(holdout, budget, batches), plan)
+    hold = holdout_.check(holdout, budget, batches)
+    dev, mode, why = _launch_device(device, launch)  # last: nothing is opened for a call refused above
+    return State(model, tuple(ops), dev, card_, fmt, precision, reuse_factor, batch_tables, batches, calib is not None, report,
+                 max_bag_size, hold, plan, mode, why)
