@@ -166,11 +166,11 @@ def _resolve_card(target: str, platform: str | None) -> tuple[Card, str]:
     return card, platform or card.platform
 
 
-def _placement(card: Card, hk: Any, spec: Any, n_cus: int) -> KernelPlacement | None:
-    """The kind's own placement, checked to cover every pointer argument of every CU; None when it has none."""
-    if hk.placement is None:
+def _placement(card: Card, hk: Any, spec: Any, n_cus: int, given: KernelPlacement | None = None) -> KernelPlacement | None:
+    """``given`` or else the kind's own placement, checked to cover every pointer argument of every CU; None when there is neither."""
+    if given is None and hk.placement is None:
         return None
-    kp = hk.placement(spec, card, n_cus, None)
+    kp = given if given is not None else hk.placement(spec, card, n_cus, None)
     names = {a.name for a in hk.top_args(spec) if a.role != "scalar"}
     for cu in kp.compute_units:
         if set(kp.banks.get(cu, {})) != names or cu not in kp.slr:
@@ -312,14 +312,16 @@ def _launch_modes(launch: str) -> tuple[bool, bool]:
 
 
 def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform: str | None = None, compute_units: int | Mapping[str, int] = 1,
-                  launch: str = "per_call") -> Project:
+                  launch: str = "per_call", placements: Mapping[str, KernelPlacement] | None = None, notes: tuple[str, ...] = ()) -> Project:
     """Write the Vitis project for ``bundle`` (a :class:`offload.host.bundle.Bundle` or anything with
     ``kernels: dict[name, Kernel]``) and card ``target`` into ``out``.
 
     Kernels with the same top function (same spec) share its compute units; ``compute_units``
     is a count for all tops or a mapping top -> count (a persistent top takes its per-call top's
     count unless named). ``launch``: ``"per_call"``, ``"persistent"`` or ``"both"`` (see the
-    module doc).
+    module doc). ``placements`` (top -> placement) replaces a kind's own bank placement, as a
+    plan's per-card projects do (:func:`offload.plan.project.write_card_projects`); ``notes`` go
+    into the project's README and ``project.json``.
 
     Example::
 
@@ -330,7 +332,7 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
     card, plat = _resolve_card(target, platform)
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    project = Project(root, card, plat)
+    project = Project(root, card, plat, notes=list(notes))
     rings: list[tuple[ProjectKernel, ProjectKernel, Any, int]] = []  # (ring top, its per-call top, spec, CUs)
     by_top: dict[str, ProjectKernel] = {}
     sources_of: dict[str, dict[str, str]] = {}
@@ -345,7 +347,7 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
         n = compute_units.get(top, 1) if isinstance(compute_units, Mapping) else int(compute_units)
         if n < 1:
             raise ValueError(f"compute_units: {top} needs at least 1, got {n}")
-        kp = _placement(card, hk, k.spec, n)
+        kp = _placement(card, hk, k.spec, n, (placements or {}).get(top))
         pk = ProjectKernel(top, k.kind, [kname], sorted(srcs), spec=k.spec.to_json())
         if kp is None:
             spread_out.append((pk, hk.top_args(k.spec), n))
