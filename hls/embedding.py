@@ -71,7 +71,7 @@ def table_bundle(spec: EmbeddingSpec, t: int) -> str:
 
 
 def _param_dtype(ts: TableSpec) -> np.dtype:
-    return container_dtype(FixedType.parse(ts.param_type)) if ts.rowwise else np.dtype(np.int8)
+    return ts.fmt.params_dtype if ts.rowwise else np.dtype(np.int8)
 
 
 def _check_hls(spec: EmbeddingSpec) -> None:
@@ -119,9 +119,8 @@ def _table_struct(spec: EmbeddingSpec, t: int, col: int) -> str:
         f"    typedef {_cpp_type(vt)} value_t;",
     ]
     if ts.rowwise:
-        pt = FixedType.parse(ts.param_type)
         lines += [
-            f"    typedef {_cpp_type(pt)} param_t;",
+            f"    typedef {_cpp_type(ts.param_type)} param_t;",
             "    static void load_params(const pstore_t *p, int64_t row, param_t &s, param_t &b) {",
             "        s = offload_emb::from_raw<param_t>(p[2 * row]);",
             "        b = offload_emb::from_raw<param_t>(p[2 * row + 1]);",

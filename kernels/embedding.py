@@ -6,11 +6,14 @@ returns ``out`` of shape ``B x sum(dim_t)``: table ``t``'s pooled rows in column
 ``col_t : col_t + dim_t``. A single ``torch.nn.EmbeddingBag`` is the ``T = 1`` case; a plain
 ``torch.nn.Embedding`` is ``sum`` with one index per bag and no padding skip.
 
-Storage formats (per table, :class:`TableSpec.fmt`):
+Storage formats (per table, :class:`TableSpec.fmt`, parsed once into
+:mod:`offload.kernels.table_format`'s objects):
 
-- ``"ap_fixed<W,I,Q,O>"`` (or ``ap_ufixed``): raw ``W``-bit integers, container int8/16/32/64.
-- ``"int8_rowwise"``: ``uint8`` codes plus, per row, raw ``(scale, bias)`` in ``param_type``
-  (an ap_fixed, chosen from the data by :func:`rowwise_param_type`); the kernel forms
+- a :class:`FixedType` (text ``"ap_fixed<W,I,Q,O>"`` or ``ap_ufixed``): raw ``W``-bit integers,
+  container int8/16/32/64.
+- :class:`RowwiseInt8` (text ``"int8_rowwise"``): ``uint8`` codes plus, per row, raw
+  ``(scale, bias)`` in ``param_type`` (an ap_fixed, chosen from the data by
+  :func:`rowwise_param_type`); the kernel forms
   ``code * scale + bias`` exactly. Like FBGEMM's fused 8-bit row-wise, with fixed-point instead of
   fp16/fp32 scale and bias so the hardware needs no float units.
 
@@ -36,7 +39,7 @@ Example::
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -54,10 +57,13 @@ from offload.sim.errors import (
     OffsetsError,
     UnsupportedError,
 )
+from offload.kernels.table_format import ROWWISE, RowwiseInt8, TableFormat, container_dtype, table_format
 from offload.sim.fixed import FixedType
 
 __all__ = [
     "ROWWISE",
+    "RowwiseInt8",
+    "table_format",
     "DEFAULT_WEIGHT_TYPE",
     "DEFAULT_MAX_BAG_SIZE",
     "longest_exact_bag",
@@ -88,8 +94,7 @@ __all__ = [
     "KIND",
 ]
 
-ROWWISE = "int8_rowwise"
-DEFAULT_WEIGHT_TYPE = "ap_fixed<20,8,AP_RND_CONV,AP_SAT>"
+DEFAULT_WEIGHT_TYPE = FixedType.parse("ap_fixed<20,8,AP_RND_CONV,AP_SAT>")
 # The longest bag the default accumulator is sized for: 65535 = 2^16 - 1. Real traffic: TorchRec
 # and FBGEMM pooling factors run from 1 (one-hot ids) to a few hundred on average, with
 # user-history tails in the thousands; 2^16 - 1 covers those tails 10x over. It is the longest bag
@@ -108,54 +113,60 @@ _MAX_ACC_WIDTH = 62
 _MAX_PRODUCT_WIDTH = 63
 
 
-def container_dtype(t: FixedType) -> np.dtype:
-    """Smallest NumPy integer holding ``t``'s raw bits (signedness follows the type)."""
-    w = int(t.width)
-    for bits in (8, 16, 32, 64):
-        if w <= bits:
-            return np.dtype(f"{'int' if t.signed else 'uint'}{bits}")
-    raise ValueError(f"type {t} is wider than 64 bits")
-
-
-def _canon(s: str | FixedType) -> str:
-    return str(FixedType.parse(str(s)))
-
-
 @dataclass(frozen=True)
 class TableSpec:
     """One table: name, shape, storage format, optional padding row and m_axi bundle.
 
-    ``padding_idx`` entries are skipped when pooling (torch.nn.EmbeddingBag semantics).
-    ``bundle`` groups tables on one memory port (default: a port per table, ``gmem{t}``).
+    ``fmt`` is a :data:`~offload.kernels.table_format.TableFormat`: given as text
+    (``"ap_fixed<16,6>"``, or ``"int8_rowwise"`` with ``param_type``) or as the object, it is
+    held parsed; ``param_type`` is the row-wise scale/bias type (a :class:`FixedType`, None for a
+    plain table). ``padding_idx`` entries are skipped when pooling (torch.nn.EmbeddingBag
+    semantics). ``bundle`` groups tables on one memory port (default: a port per table, ``gmem{t}``).
+
+    Example: ``TableSpec("user", 1000, 16, "ap_fixed<16,6>").value_type()`` is ``ap_fixed<16,6>``.
     """
 
     name: str
     num_rows: int
     dim: int
-    fmt: str
-    param_type: str | None = None
+    fmt: TableFormat
+    param_type: FixedType | None = None
     padding_idx: int | None = None
     bundle: str | None = None
 
+    def __post_init__(self) -> None:
+        # Text from JSON and callers is parsed here, once; a replace(param_type=...) of a row-wise
+        # table gives it the new scale/bias type.
+        fmt = table_format(self.fmt, self.param_type, what=f"table {self.name!r}")
+        object.__setattr__(self, "fmt", fmt)
+        if isinstance(fmt, RowwiseInt8):
+            object.__setattr__(self, "param_type", fmt.param_type)
+        elif self.param_type is not None:
+            object.__setattr__(self, "param_type", FixedType.parse(self.param_type))
+
     @property
     def rowwise(self) -> bool:
-        return self.fmt == ROWWISE
+        return isinstance(self.fmt, RowwiseInt8)
 
     def value_type(self) -> FixedType:
         """Exact type of one element as the kernel reads it."""
-        if self.rowwise:
-            return _sim.rowwise_value_type(FixedType.parse(self.param_type))
-        return FixedType.parse(self.fmt)
+        return self.fmt.value_type if self.rowwise else self.fmt
 
     def storage_dtype(self) -> np.dtype:
-        return np.dtype(np.uint8) if self.rowwise else container_dtype(FixedType.parse(self.fmt))
+        return self.fmt.storage_dtype if self.rowwise else container_dtype(self.fmt)
 
     def bytes(self) -> int:
         """Resident bytes (table plus row-wise params)."""
         n = self.num_rows * self.dim * self.storage_dtype().itemsize
         if self.rowwise:
-            n += self.num_rows * 2 * container_dtype(FixedType.parse(self.param_type)).itemsize
+            n += self.num_rows * 2 * self.fmt.params_dtype.itemsize
         return n
+
+    def to_json(self) -> dict:
+        """The table as JSON: the formats as their ap_types text (``fmt`` ``"int8_rowwise"``)."""
+        return {"name": self.name, "num_rows": self.num_rows, "dim": self.dim, "fmt": str(self.fmt),
+                "param_type": None if self.param_type is None else str(self.param_type),
+                "padding_idx": self.padding_idx, "bundle": self.bundle}
 
 
 @dataclass(frozen=True)
@@ -168,7 +179,7 @@ class EmbeddingSpec:
     max_bag_size: int
     acc_type: FixedType
     out_type: FixedType
-    weight_type: FixedType = FixedType.parse(DEFAULT_WEIGHT_TYPE)
+    weight_type: FixedType = DEFAULT_WEIGHT_TYPE
     # FBGEMM's feature_table_map: feature f looks up table feature_table_map[f]. A shared table is
     # stored (and uploaded) once; calls then carry F*B+1 offsets and return B x sum(dim of each
     # feature's table). None: one feature per table, in order.
@@ -182,9 +193,7 @@ class EmbeddingSpec:
     def __post_init__(self) -> None:
         # JSON and callers give the types as strings; the spec keeps them parsed, once.
         for name in ("acc_type", "out_type", "weight_type"):
-            v = getattr(self, name)
-            if isinstance(v, str):
-                object.__setattr__(self, name, FixedType.parse(v))
+            object.__setattr__(self, name, FixedType.parse(getattr(self, name)))
         if self.feature_table_map is not None:
             object.__setattr__(self, "feature_table_map", tuple(int(t) for t in self.feature_table_map))
 
@@ -234,7 +243,7 @@ class EmbeddingSpec:
     def to_json(self) -> dict:
         return {
             "kind": self.kind,
-            "tables": [asdict(t) for t in self.tables],
+            "tables": [t.to_json() for t in self.tables],
             "mode": self.mode,
             "max_bag_size": self.max_bag_size,
             "acc_type": str(self.acc_type),
@@ -310,18 +319,19 @@ def _signed_int_bits(t: FixedType) -> int:
     return i if t.signed else i + 1
 
 
-def _acc_base(tables: Sequence[TableSpec], mode: str, weight_type: str) -> tuple[int, int, bool]:
+def _acc_base(tables: Sequence[TableSpec], mode: str, weight_type: FixedType) -> tuple[int, int, bool]:
     """The default accumulator's integer bits before the bag length's ``log2`` term, the values'
     fraction bits it always keeps, and whether the bag length adds integer bits (sum, mean)."""
     vts = [t.value_type() for t in tables]
     iv = max(_signed_int_bits(v) for v in vts)
     fv = max(int(v.F) for v in vts)
     if mode == "sum":
-        return iv + _signed_int_bits(FixedType.parse(weight_type)), fv, True
+        return iv + _signed_int_bits(weight_type), fv, True
     return iv, fv, mode == "mean"
 
 
-def default_acc_type(tables: Sequence[TableSpec], mode: str, max_bag_size: int, weight_type: str = DEFAULT_WEIGHT_TYPE) -> str:
+def default_acc_type(tables: Sequence[TableSpec], mode: str, max_bag_size: int,
+                     weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE) -> FixedType:
     """The default accumulator: no bag of up to ``max_bag_size`` entries can overflow it.
 
     Values ``|e| <= 2^(Iv-1)`` and weights ``|w| <= 2^(Iw-1)`` give terms ``|e*w| <= 2^(Iv+Iw-2)``;
@@ -330,9 +340,10 @@ def default_acc_type(tables: Sequence[TableSpec], mode: str, max_bag_size: int, 
     rounding). Frac bits keep products exact (``Fv + Fw``) unless that would pass 62 bits, then as
     many as fit, never fewer than the values' own (so unweighted sums stay exact).
     """
+    weight_type = FixedType.parse(weight_type)
     ia0, fv, grows = _acc_base(tables, mode, weight_type)
     ia = ia0 + _log2_ceil(max_bag_size) if grows else ia0
-    fa = fv + int(FixedType.parse(weight_type).F) if mode == "sum" else fv
+    fa = fv + int(weight_type.F) if mode == "sum" else fv
     if ia + fa > _MAX_ACC_WIDTH:
         fa = max(fv, _MAX_ACC_WIDTH - ia)
     if ia + fa > _MAX_ACC_WIDTH:
@@ -340,10 +351,10 @@ def default_acc_type(tables: Sequence[TableSpec], mode: str, max_bag_size: int, 
             f"acc_type: the default accumulator would need {ia + fa} bits (> {_MAX_ACC_WIDTH}); "
             "pass a narrower acc_type explicitly (its overflow mode then applies)"
         )
-    return f"ap_fixed<{ia + fa},{ia},AP_RND_CONV,AP_SAT>"
+    return FixedType(ia + fa, ia, rounding="AP_RND_CONV", overflow="AP_SAT")
 
 
-def longest_exact_bag(tables: Sequence[TableSpec], mode: str, weight_type: str = DEFAULT_WEIGHT_TYPE) -> int:
+def longest_exact_bag(tables: Sequence[TableSpec], mode: str, weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE) -> int:
     """The longest declared bag, at most :data:`DEFAULT_MAX_BAG_SIZE`, whose default accumulator
     (:func:`default_acc_type`) fits in 62 bits with the values' fraction bits kept.
 
@@ -351,7 +362,7 @@ def longest_exact_bag(tables: Sequence[TableSpec], mode: str, weight_type: str =
     bias exactly) cannot take :data:`DEFAULT_MAX_BAG_SIZE`; they get the longest bag that still
     sums exactly instead of a conversion error.
     """
-    ia0, fv, grows = _acc_base(tables, mode, weight_type)
+    ia0, fv, grows = _acc_base(tables, mode, FixedType.parse(weight_type))
     room = _MAX_ACC_WIDTH - ia0 - fv  # integer bits left for the bag length's log2 term
     if not grows or room >= _log2_ceil(DEFAULT_MAX_BAG_SIZE):
         return DEFAULT_MAX_BAG_SIZE
@@ -363,25 +374,19 @@ def make_spec(
     *,
     mode: str = "sum",
     max_bag_size: int = DEFAULT_MAX_BAG_SIZE,
-    acc_type: str | None = None,
-    out_type: str | None = None,
-    weight_type: str = DEFAULT_WEIGHT_TYPE,
+    acc_type: FixedType | str | None = None,
+    out_type: FixedType | str | None = None,
+    weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE,
     feature_table_map: Sequence[int] | None = None,
 ) -> EmbeddingSpec:
-    """Build and check a spec; ``acc_type`` defaults to :func:`default_acc_type`, ``out_type`` to it."""
-    for t in tables:
-        if t.fmt == ROWWISE and not t.param_type:
-            raise ValueError(f"table {t.name!r}: int8_rowwise needs param_type (the scale/bias ap_fixed)")
+    """Build and check a spec; ``acc_type`` defaults to :func:`default_acc_type`, ``out_type`` to it
+    (types as :class:`FixedType` or their text)."""
     if mode not in _sim.MODES:
         raise ValueError(f"mode: must be one of {_sim.MODES}, got {mode!r}")
-    tables = tuple(
-        TableSpec(t.name, int(t.num_rows), int(t.dim), t.fmt if t.fmt == ROWWISE else _canon(t.fmt),
-                  _canon(t.param_type) if t.param_type else None, t.padding_idx, t.bundle)
-        for t in tables
-    )
-    weight_type = _canon(weight_type)
-    acc = _canon(acc_type) if acc_type else default_acc_type(tables, mode, max_bag_size, weight_type)
-    out = _canon(out_type) if out_type else acc
+    tables = tuple(replace(t, num_rows=int(t.num_rows), dim=int(t.dim)) for t in tables)
+    # EmbeddingSpec parses the types given as text.
+    acc = acc_type or default_acc_type(tables, mode, max_bag_size, weight_type)
+    out = out_type or acc
     ftm = None if feature_table_map is None else tuple(feature_table_map)
     spec = EmbeddingSpec(tables, mode, int(max_bag_size), acc, out, weight_type, ftm)
     _check_spec(spec)
@@ -413,8 +418,6 @@ def _check_spec(spec: EmbeddingSpec) -> None:
     for t in spec.tables:
         if t.num_rows < 1 or t.dim < 1:
             raise ValueError(f"table {t.name!r}: num_rows and dim must be >= 1, got {t.num_rows} x {t.dim}")
-        if t.rowwise and not t.param_type:
-            raise ValueError(f"table {t.name!r}: int8_rowwise needs param_type (the scale/bias ap_fixed)")
         if t.padding_idx is not None and not (0 <= t.padding_idx < t.num_rows):
             raise ValueError(f"table {t.name!r}: padding_idx {t.padding_idx} outside [0, {t.num_rows})")
         vt = t.value_type()
@@ -428,7 +431,7 @@ def _check_spec(spec: EmbeddingSpec) -> None:
 # ---------------------------------------------------------------------------------- quantization
 
 
-def rowwise_param_type(weights: np.ndarray, width: int = 24) -> str:
+def rowwise_param_type(weights: np.ndarray, width: int = 24) -> FixedType:
     """An ap_fixed for the per-row scale and bias of ``weights``: ``width`` bits, integer bits
     just enough for ``max(|row min|, row range / 255)`` (so the frac bits carry the precision)."""
     w = np.asarray(weights, dtype=np.float64)
@@ -438,7 +441,7 @@ def rowwise_param_type(weights: np.ndarray, width: int = 24) -> str:
         mn, mx = w.min(axis=1), w.max(axis=1)
         m = float(max(np.abs(mn).max(), ((mx - mn) / 255.0).max(), 2.0 ** -(width - 2)))
     ip = max(1, int(np.floor(np.log2(m))) + 2)
-    return f"ap_fixed<{width},{ip},AP_RND_CONV,AP_SAT>"
+    return FixedType(width, ip, rounding="AP_RND_CONV", overflow="AP_SAT")
 
 
 def _quantize_rowwise(weights: np.ndarray, param_type: FixedType) -> tuple[np.ndarray, np.ndarray]:
@@ -507,10 +510,9 @@ def quantize_table(table: TableSpec, weights: np.ndarray, on_overflow: str | Non
     if w.shape != (table.num_rows, table.dim):
         raise ValueError(f"table {table.name!r}: weights shape {w.shape} != {(table.num_rows, table.dim)}")
     if table.rowwise:
-        pt = FixedType.parse(table.param_type)
-        codes, params = _quantize_rowwise(w, pt)
-        return {"table": codes, "params": params.astype(container_dtype(pt))}
-    t = FixedType.parse(table.fmt)
+        codes, params = _quantize_rowwise(w, table.param_type)
+        return {"table": codes, "params": params.astype(table.fmt.params_dtype)}
+    t = table.fmt
     return {"table": quantize_checked(t, w, f"table {table.name!r}", on_overflow).astype(container_dtype(t))}
 
 
@@ -636,16 +638,16 @@ def check_tensors(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> Non
         if ts.rowwise:
             pkey = f"params{t}"
             expected.add(pkey)
-            pt = FixedType.parse(ts.param_type)
+            pt, pdt = ts.param_type, ts.fmt.params_dtype
             p = tensors.get(pkey)
             if p is None:
                 raise ValueError(f"tensors: missing {pkey!r} (row-wise scale and bias) for table {ts.name!r}")
-            if not isinstance(p, np.ndarray) or p.dtype != container_dtype(pt) or p.shape != (ts.num_rows, 2):
-                raise TypeError(f"tensors[{pkey!r}]: expected {ts.num_rows} x 2 {container_dtype(pt)}, got {getattr(p, 'dtype', '?')} {getattr(p, 'shape', '')}")
+            if not isinstance(p, np.ndarray) or p.dtype != pdt or p.shape != (ts.num_rows, 2):
+                raise TypeError(f"tensors[{pkey!r}]: expected {ts.num_rows} x 2 {pdt}, got {getattr(p, 'dtype', '?')} {getattr(p, 'shape', '')}")
             if p.size and (p.min() < pt.min_raw or p.max() > pt.max_raw or p[:, 0].min() < 1):
                 raise ValueError(f"tensors[{pkey!r}]: raw scale/bias outside {pt} (range [{pt.min_raw}, {pt.max_raw}], scale >= 1)")
         else:
-            ft = FixedType.parse(ts.fmt)
+            ft = ts.fmt
             if a.size and (a.min() < ft.min_raw or a.max() > ft.max_raw):
                 raise ValueError(f"tensors[{key!r}]: raw values of table {ts.name!r} outside {ft}'s range [{ft.min_raw}, {ft.max_raw}]")
     extra = sorted(set(tensors) - expected)

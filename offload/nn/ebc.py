@@ -27,6 +27,7 @@ from offload.nn.embedding import TableBatchedEmbeddingBags
 from offload.nn.embedding_kernel import embedding_kernel, float_table, table_spec
 from offload.nn.fbgemm import from_fbgemm
 from offload.sim.errors import FormatError, InputError
+from offload.sim.fixed import FixedType
 
 __all__ = ["EmbeddingBagCollection", "check_features"]
 
@@ -86,7 +87,7 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     @classmethod
     def from_torchrec(cls, ebc: torch.nn.Module, fmt: str = "ap_fixed<16,6>", *, max_bag_size: Optional[int] = None,
-                      weight_type: str = DEFAULT_WEIGHT_TYPE, device: str | Device | None = None,
+                      weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE, device: str | Device | None = None,
                       dtype: torch.dtype = torch.float32, on_overflow: str = "warn") -> "EmbeddingBagCollection":
         """From ``torchrec.EmbeddingBagCollection`` (tables quantized to ``fmt``; values it cannot hold
         handled per ``on_overflow``, as ``EmbeddingBag.from_float``) or
@@ -119,7 +120,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         return cls(groups, list(ebc._embedding_names), is_weighted=ebc.is_weighted(), weighted_mean=False)
 
     @classmethod
-    def _from_quant(cls, qebc, *, max_bag_size: Optional[int], weight_type: str, device) -> "EmbeddingBagCollection":
+    def _from_quant(cls, qebc, *, max_bag_size: Optional[int], weight_type: FixedType | str, device) -> "EmbeddingBagCollection":
         # torchrec/quant/embedding_modules.py (1.8): one IntNBit TBE per (pooling, virtual table) key,
         # its features in _feature_names order, split by _feature_splits; output keys _embedding_names.
         groups, pos = [], 0

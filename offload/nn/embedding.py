@@ -40,6 +40,7 @@ from offload.sim.errors import (
     PerSampleWeightsDtypeError,
     UnsupportedError,
 )
+from offload.sim.fixed import FixedType
 
 __all__ = ["EmbeddingBag", "Embedding", "TableBatchedEmbeddingBags"]
 
@@ -162,7 +163,7 @@ class EmbeddingBag(_SingleTable):
         max_bag_size: Optional[int] = None,
         acc_type: Optional[str] = None,
         out_type: Optional[str] = None,
-        weight_type: str = DEFAULT_WEIGHT_TYPE,
+        weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE,
         on_overflow: str = "warn",
         device: str | Device | None = None,
         dtype: Optional[torch.dtype] = None,
@@ -227,7 +228,7 @@ class EmbeddingBag(_SingleTable):
 
     def extra_repr(self) -> str:
         s = self.spec
-        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, fmt={s.tables[0].fmt!r}, acc={str(s.acc_type)!r}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, fmt={str(s.tables[0].fmt)!r}, acc={str(s.acc_type)!r}"
 
 
 class Embedding(_SingleTable):
@@ -324,7 +325,7 @@ class TableBatchedEmbeddingBags(_Resident):
         max_bag_size: Optional[int] = None,
         acc_type: Optional[str] = None,
         out_type: Optional[str] = None,
-        weight_type: str = DEFAULT_WEIGHT_TYPE,
+        weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE,
         on_overflow: str = "warn",
         device: str | Device | None = None,
         dtype: Optional[torch.dtype] = None,

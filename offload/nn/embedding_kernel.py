@@ -33,6 +33,7 @@ from offload.kernels.embedding import (
     rowwise_param_type,
 )
 from offload.sim.errors import FormatError, InputError, OffloadError
+from offload.sim.fixed import FixedType
 
 __all__ = ["float_table", "table_spec", "embedding_spec", "embedding_kernel"]
 
@@ -57,7 +58,7 @@ def table_spec(name: str, w: np.ndarray, fmt: str, padding_idx: Optional[int] = 
 
 
 def embedding_spec(tables: Sequence[TableSpec], *, mode: str = "sum", max_bag_size: Optional[int] = None,
-                   acc_type: Optional[str] = None, out_type: Optional[str] = None, weight_type: str = DEFAULT_WEIGHT_TYPE,
+                   acc_type: Optional[str] = None, out_type: Optional[str] = None, weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE,
                    feature_table_map: Optional[Sequence[int]] = None, weighted_mean: bool = False) -> EmbeddingSpec:
     """:func:`~offload.kernels.embedding.make_spec` with typed refusals. ``max_bag_size`` defaults to
     :data:`~offload.kernels.embedding.DEFAULT_MAX_BAG_SIZE`; ``weighted_mean``: a mean of weighted

@@ -29,7 +29,7 @@ import torch
 
 from offload.host import Device
 from offload.kernels import Kernel
-from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, ROWWISE, EmbeddingSpec, TableSpec, container_dtype, longest_exact_bag
+from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, ROWWISE, EmbeddingSpec, TableSpec, longest_exact_bag
 from offload.nn.embedding_kernel import embedding_kernel, embedding_spec, float_table, table_spec
 from offload.sim.errors import FormatError, InputError, InputIndexError
 from offload.sim.fixed import FixedType
@@ -82,7 +82,7 @@ def _culprits(s: np.ndarray, b: np.ndarray, ints: np.ndarray, frac: np.ndarray) 
 
 
 def rowwise_params(scale: np.ndarray, bias: np.ndarray, max_width: int = _MAX_PARAM_WIDTH, *,
-                   table: str = "scale/bias") -> tuple[str, np.ndarray]:
+                   table: str = "scale/bias") -> tuple[FixedType, np.ndarray]:
     """The narrowest ``ap_fixed`` holding every ``scale`` and ``bias`` exactly, and the raw
     ``rows x 2`` (scale, bias) in it. Refuses non-finite or negative scales and types wider than
     ``max_width`` with an error naming the row and the value (``table`` prefixes it)."""
@@ -99,10 +99,10 @@ def rowwise_params(scale: np.ndarray, bias: np.ndarray, max_width: int = _MAX_PA
     ints, frac = _exact_bits(both)
     f = int(frac.max(initial=0))
     width = max(2, int(ints.max(initial=_NO_BITS)) + f)
-    ptype = f"ap_fixed<{width},{width - f},AP_RND_CONV,AP_SAT>"
-    if width > max_width:
-        raise FormatError(f"{table}: {_culprits(s, b, ints, frac)} needs {ptype} to hold every scale and bias exactly, "
-                          f"wider than {max_width} bits")
+    if width > max_width:  # checked before the type is built: exact fp64 values can need more than 1024 bits
+        raise FormatError(f"{table}: {_culprits(s, b, ints, frac)} needs ap_fixed<{width},{width - f},AP_RND_CONV,AP_SAT> "
+                          f"to hold every scale and bias exactly, wider than {max_width} bits")
+    ptype = FixedType(width, width - f, rounding="AP_RND_CONV", overflow="AP_SAT")
     # Exact: each value times 2^f is an integer below 2^(width-1) <= 2^63 in magnitude.
     raw = np.ldexp(both, f).astype(np.int64)
     n = s.shape[0]
@@ -138,12 +138,12 @@ def _rowwise_table(name: str, codes: np.ndarray, scale: np.ndarray, bias: np.nda
     codes[zero] = 0
     params[zero, 0] = 1
     ts = TableSpec(name, codes.shape[0], codes.shape[1], ROWWISE, ptype)
-    return ts, {"table": codes, "params": params.astype(container_dtype(FixedType.parse(ptype)))}
+    return ts, {"table": codes, "params": params.astype(ts.fmt.params_dtype)}
 
 
 def rowwise_kernel(name: str, tables: Sequence[tuple[str, np.ndarray, np.ndarray, np.ndarray]], *, mode: str = "sum",
                    feature_table_map: Optional[Sequence[int]] = None, max_bag_size: Optional[int] = None,
-                   weight_type: str = DEFAULT_WEIGHT_TYPE, weighted_mean: bool = False) -> Kernel:
+                   weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE, weighted_mean: bool = False) -> Kernel:
     """A kernel over pre-quantized row-wise tables ``(name, codes, scale, bias)``, stored exactly.
     A table whose scale and bias need a type the kernel cannot take is refused with a
     :class:`FormatError` naming the rows and values that set the type."""
@@ -158,7 +158,7 @@ def rowwise_kernel(name: str, tables: Sequence[tuple[str, np.ndarray, np.ndarray
         # Refused again with the narrowest scale/bias type: the other arguments are the cause.
         _spec([replace(ts, param_type="ap_fixed<2,2>") for ts in specs], mode, feature_table_map, max_bag_size, weight_type, weighted_mean)
         # Otherwise the widest table's rows set the type the kernel refused: name them.
-        t = max(range(len(specs)), key=lambda i: FixedType.parse(specs[i].param_type).width)
+        t = max(range(len(specs)), key=lambda i: specs[i].param_type.width)
         tname, _, scale, bias = tables[t]
         s = np.asarray(scale, dtype=np.float64).reshape(-1)
         b = np.asarray(bias, dtype=np.float64).reshape(-1)
@@ -240,7 +240,7 @@ def _pooling(tbe) -> str:
     return _POOLING[mode]
 
 
-def from_fbgemm(cls, tbe, fmt: str = "ap_fixed<16,6>", *, max_bag_size: Optional[int] = None, weight_type: str = DEFAULT_WEIGHT_TYPE,
+def from_fbgemm(cls, tbe, fmt: str = "ap_fixed<16,6>", *, max_bag_size: Optional[int] = None, weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE,
                 device: str | Device | None = None, name: str = "tbe", on_overflow: str = "warn"):
     """``cls`` (TableBatchedEmbeddingBags) from an FBGEMM TBE module; see the module docstring."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
@@ -278,7 +278,7 @@ def intnbit_kernel(tbe, *, name: str, mode: str, feature_table_map: Optional[Seq
 
 def from_rowwise(cls, packed: Sequence[torch.Tensor], layout: str = "fp32_end", *, mode: str = "sum",
                  names: Optional[Sequence[str]] = None, feature_table_map: Optional[Sequence[int]] = None,
-                 max_bag_size: Optional[int] = None, weight_type: str = DEFAULT_WEIGHT_TYPE, device: str | Device | None = None,
+                 max_bag_size: Optional[int] = None, weight_type: FixedType | str = DEFAULT_WEIGHT_TYPE, device: str | Device | None = None,
                  dtype: torch.dtype = torch.float32, bounds_check: str = "fatal", name: str = "rowwise"):
     """``cls`` (TableBatchedEmbeddingBags) over pre-quantized packed uint8 tables, one per entry of
     ``packed``, in ``layout`` (see :func:`split_rowwise`); values are ``code * scale + bias`` exactly."""

@@ -327,7 +327,7 @@ def _record(st: State, units: list[_Unit], levels: dict[str, int]) -> None:
             continue
         for m in u.module(levels[u.name]).modules():
             for k in (m.offload_kernels() if isinstance(m, KernelSource) else ()):
-                used += sum(table_bytes(t.num_rows, t.dim, t.fmt) for t in getattr(k.spec, "tables", ()))
+                used += sum(table_bytes(t.num_rows, t.dim, str(t.fmt)) for t in getattr(k.spec, "tables", ()))
     if used:
         st.report.card_bytes_used = used
         if used > st.card.memory_bytes:
