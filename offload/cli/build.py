@@ -49,7 +49,7 @@ def load_bundle(path: str, **checks: Any):
 
 @click.command("build")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
-@click.option("--target", required=True, type=click.Choice(tuple(CARDS)), help="Alveo card.")
+@click.option("--target", type=click.Choice(tuple(CARDS)), help="Alveo card (required without --plan; with it, each card's type is the plan's).")
 @click.option("--platform", default=None, help="Platform name (default: the card's usual platform).")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Directory for the Vitis project.")
 @click.option("--vitis", is_flag=True, help="Run v++ (compile, link) when it is on PATH; record the xclbin in the bundle.")
@@ -58,13 +58,19 @@ def load_bundle(path: str, **checks: Any):
 @click.option("--cases", type=click.IntRange(1, 100), default=3, show_default=True, help="Golden C-simulation cases per kernel.")
 @click.option("--launch", type=click.Choice(["per_call", "persistent", "both"]), default="both", show_default=True,
               help="Tops in the xclbin: per-call, the persistent <top>_ring loops (open_device(..., launch='persistent')), or both.")
-def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: bool, vitis_target: str, cus: int, cases: int, launch: str) -> None:
+@click.option("--plan", "plan_path", type=click.Path(exists=True, dir_okay=False),
+              help="A placement plan (offload.plan, Plan.to_json) for BUNDLE's embedding tables: one project per card, "
+                   "OUT/h<host>c<card>, each with the card's shards of BUNDLE's tables (a plan holds no weights) "
+                   "and the plan's banks in its connectivity; other kernels go to card (0, 0). Per-call tops only; no --vitis.")
+def build_cmd(bundle: str, target: str | None, platform: str | None, out: str, vitis: bool, vitis_target: str, cus: int, cases: int, launch: str,
+              plan_path: str | None) -> None:
     """Write a Vitis project for BUNDLE, C-simulate its kernels, optionally run v++.
 
     \b
     offload build model.offload --target u55c --out build/u55c
     offload build model.offload --target u55c --out build/u55c --vitis
     offload build model.offload --target u55c --out build/u55c --launch per_call
+    offload build model.offload --plan plan.json --out build/plan      # one project per card
     """
     from rich.markup import escape
     from rich.table import Table
@@ -74,6 +80,11 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
 
     con = _console()
     b = load_bundle(bundle)
+    if plan_path is not None:
+        _build_plan(con, b, plan_path, out, cases, vitis)
+        return
+    if target is None:
+        raise click.UsageError("--target is required (or --plan, whose cards name their type)")
     try:
         project = hb.write_project(b, target, out, platform=platform, compute_units=cus, launch=launch)
     except UnsupportedError as e:
@@ -124,10 +135,49 @@ def build_cmd(bundle: str, target: str, platform: str | None, out: str, vitis: b
     if vitis_target == "hw":
         from offload.host.bundle import record_xclbin
 
-        nb = record_xclbin(bundle, xclbin, target=project.card.name, platform=project.platform, compute_units=project.compute_units)
+        from offload.hls import persistent
+
+        # The rings the persistent tops were compiled for, so a host opens each at that size.
+        built = {pk.top: {"slots": pk.ring["slots"], "rows": pk.ring["rows"]} for pk in project.kernels if pk.launch == "persistent"}
+        rings = {kname: built[persistent.top_name(k.spec)] for kname, k in b.kernels.items() if persistent.top_name(k.spec) in built}
+        nb = record_xclbin(bundle, xclbin, target=project.card.name, platform=project.platform, compute_units=project.compute_units, rings=rings)
         con.print(f"recorded in bundle {bundle}: UUID {nb.xclbin_uuid}", markup=False, soft_wrap=True)
     else:
         con.print(f"{vitis_target} xclbin: run with XCL_EMULATION_MODE={vitis_target} after `make emconfig` (not recorded in the bundle)", markup=False, soft_wrap=True)
+
+
+def _build_plan(con, b, plan_path: str, out: str, cases: int, vitis: bool) -> None:
+    """``--plan``: one project per card of the plan, each C-simulated."""
+    from offload.hls import build as hb
+    from offload.plan.plan import Plan
+    from offload.plan.project import write_card_projects
+    from offload.sim.errors import OffloadError
+
+    if vitis:
+        raise click.UsageError("--plan writes one project per card; run `make hw` in each (no --vitis)")
+    try:
+        projects = write_card_projects(b, Plan.from_json(plan_path), out)
+    except OffloadError as e:
+        raise click.ClickException(_printable(e)) from None
+    bad = []
+    for card, cp in projects.items():
+        project = cp.project
+        con.print(_printable(f"card h{card[0]}c{card[1]} ({project.card.name}): {project.root}"), markup=False, soft_wrap=True)
+        for pk in project.kernels:
+            banks = sorted({v for cu in pk.compute_units for v in pk.banks[cu].values()})
+            con.print(_printable(f"  {pk.top}: {', '.join(pk.kernels)} in {', '.join(banks)}"), markup=False, soft_wrap=True)
+        for note in project.notes:
+            con.print(_printable(f"  left out: {note}"), markup=False, soft_wrap=True)
+        try:
+            results = hb.golden_check(cp, cases=cases)
+        except Exception as e:  # a build error of the generated C++ is the answer here
+            raise click.ClickException(f"C-simulation of card h{card[0]}c{card[1]} failed: {e}") from None
+        mism = sum(r.mismatches for r in results)
+        con.print(f"  C-simulation: {len(results)} kernel(s), {sum(r.compared for r in results)} elements, {mism} mismatches",
+                  markup=False, soft_wrap=True)
+        bad += [f"h{card[0]}c{card[1]} {r.kernel}: {r.mismatches} ({r.first})" for r in results if r.mismatches]
+    if bad:
+        raise click.ClickException("C-simulation mismatches: " + "; ".join(bad))
 
 
 def _print_left(con, project, steps, vitis_target: str, why: str) -> None:

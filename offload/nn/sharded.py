@@ -1,10 +1,10 @@
 """``ShardedEmbeddingBagCollection``: a TorchRec collection whose tables are spread over cards and
 hosts as an :class:`offload.plan.Plan` says, returning what one device returns, bit for bit.
 
-Every shard runs as a *partial* kernel (:attr:`EmbeddingSpec.partial`): a row shard returns its
-raw accumulator and bag counts, which are combined over the table's row shards and rounded once
-(:func:`offload.kernels.embedding.combine_partials`); column shards fill their own columns. A
-Cartesian merge of one-hot tables is one product table looked up at ``i * rows_b + j``.
+Every card runs the partial kernels :mod:`offload.plan.cut` cuts from the collection's: a row
+shard returns its raw accumulator and bag counts, which are combined over the table's row shards
+and rounded once (:func:`offload.kernels.embedding.combine_partials`); column shards fill their
+own columns. A Cartesian merge of one-hot tables is one product table looked up at ``i * rows_b + j``.
 
 Example::
 
@@ -15,46 +15,21 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
-from offload.kernels import Kernel
-from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, EmbeddingSpec, TableSpec, combine_partials
+from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, combine_partials
 from offload.nn.ebc import EmbeddingBagCollection, check_features
 from offload.nn import fbgemm
 from offload.ops.embedding import quantize_weights, raw_to_tensor
+from offload.plan import cut
 from offload.plan.engine import open_engine
 from offload.plan.plan import Plan
-from offload.sim.errors import IndexRangeError, InputError, UnsupportedError
+from offload.sim.errors import IndexRangeError, InputError
 
 __all__ = ["ShardedEmbeddingBagCollection"]
-
-
-@dataclass(frozen=True)
-class _Lookup:
-    """One lookup stream of a group: a feature on its table, or a merge's pair of one-hot features."""
-
-    features: tuple[int, ...]  # group feature positions (two for a merge)
-    table: TableSpec  # the whole (or merged) table
-    tensors: dict  # its raw resident arrays
-    part_rows: tuple[int, ...]  # a merge's part rows (i * rows_b + j), () otherwise
-    part_dims: tuple[int, ...]
-    plan_name: str
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """One shard of a lookup on one card: rows [r0, r1), columns [c0, c1)."""
-
-    group: int
-    lookup: int
-    r0: int
-    r1: int
-    c0: int
-    c1: int
 
 
 class ShardedEmbeddingBagCollection(torch.nn.Module):
@@ -75,9 +50,10 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         for tbe in single.tbes:
             k = tbe.offload_kernels()[0]
             rows = [k.spec.tables[t].num_rows for t in (k.spec.feature_table_map or range(k.spec.num_tables))]
-            self._groups.append((k.spec, tbe.dtype, tbe.on_overflow, tbe.bounds_check, rows, self._lookups(k, plan)))
-        self._cards = self._assign(plan)
-        kernels = {card: [self._card_kernel(card, g, slots) for g, slots in by_group] for card, by_group in self._cards.items()}
+            self._groups.append((k.spec, tbe.dtype, tbe.on_overflow, tbe.bounds_check, rows, cut.lookups(k, plan, weighted=self.is_weighted)))
+        self._cards = cut.assign([g[-1] for g in self._groups], plan)
+        kernels = {card: [cut.card_kernel(card, g, self._groups[g][0], self._groups[g][-1], slots) for g, slots in by_group]
+                   for card, by_group in self._cards.items()}
         self.engine = open_engine(engine, plan.topology, device=device)
         self.engine.load(kernels)
 
@@ -94,66 +70,6 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         single = EmbeddingBagCollection.from_torchrec(ebc, fmt, max_bag_size=max_bag_size, weight_type=weight_type,
                                                       device="sim", dtype=dtype, on_overflow=on_overflow)
         return cls(single, plan, engine, device=device)
-
-    # ------------------------------------------------------------------------------ build
-
-    def _lookups(self, kernel: Kernel, plan: Plan) -> list[_Lookup]:
-        spec = kernel.spec
-        ftm = spec.feature_table_map or tuple(range(spec.num_tables))
-        out: list[_Lookup] = []
-        merged: dict[str, list[int]] = {}
-        for f, t in enumerate(ftm):
-            ts = spec.tables[t]
-            tp = plan.table(ts.name)
-            if tp.parts:
-                merged.setdefault(tp.name, []).append(f)
-                continue
-            if (tp.rows, tp.dim) != (ts.num_rows, ts.dim):
-                raise InputError(f"plan: table {ts.name!r} is planned {tp.rows} x {tp.dim}, the collection's is {ts.num_rows} x {ts.dim}")
-            tens = {"table": kernel.tensors[f"table{t}"]}
-            if ts.rowwise:
-                tens["params"] = kernel.tensors[f"params{t}"]
-            out.append(_Lookup((f,), ts, tens, (), (), tp.name))
-        for name, fs in merged.items():
-            tp = plan.table(name)
-            if self.is_weighted:
-                raise UnsupportedError(f"plan: merged table {name!r}: a weighted collection's one-hot features cannot share a product table")
-            by_name = {spec.tables[ftm[f]].name: f for f in fs}
-            if sorted(by_name) != sorted(tp.parts) or len(fs) != len(tp.parts):
-                raise InputError(f"plan: merged table {name!r} needs features of {list(tp.parts)} in one pooling group, got {sorted(by_name)}")
-            fa, fb = by_name[tp.parts[0]], by_name[tp.parts[1]]
-            ta, tb = spec.tables[ftm[fa]], spec.tables[ftm[fb]]
-            if ta.fmt != tb.fmt or ta.rowwise or ta.padding_idx is not None or tb.padding_idx is not None:
-                raise UnsupportedError(f"plan: merged table {name!r}: parts must share one fixed-point format and have no padding row")
-            A, Bt = kernel.tensors[f"table{ftm[fa]}"], kernel.tensors[f"table{ftm[fb]}"]
-            prod = np.hstack([np.repeat(A, tb.num_rows, axis=0), np.tile(Bt, (ta.num_rows, 1))])
-            ts = TableSpec(name, ta.num_rows * tb.num_rows, ta.dim + tb.dim, ta.fmt)
-            out.append(_Lookup((fa, fb), ts, {"table": prod}, (ta.num_rows, tb.num_rows), (ta.dim, tb.dim), name))
-        return out
-
-    def _assign(self, plan: Plan) -> dict[tuple[int, int], list[tuple[int, list[_Slot]]]]:
-        cards: dict[tuple[int, int], dict[int, list[_Slot]]] = {}
-        for g, (*_, lookups) in enumerate(self._groups):
-            for li, lk in enumerate(lookups):
-                for s in plan.table(lk.plan_name).shards:
-                    cards.setdefault(s.where, {}).setdefault(g, []).append(_Slot(g, li, s.row0, s.row1, s.col0, s.col1))
-        return {card: sorted(by.items()) for card, by in sorted(cards.items())}
-
-    def _card_kernel(self, card, g: int, slots: list[_Slot]) -> Kernel:
-        spec, *_, lookups = self._groups[g]
-        tables, tensors = [], {}
-        for i, sl in enumerate(slots):
-            lk = lookups[sl.lookup]
-            ts = lk.table
-            pad = ts.padding_idx - sl.r0 if ts.padding_idx is not None and sl.r0 <= ts.padding_idx < sl.r1 else None
-            tables.append(replace(ts, name=f"{ts.name}@r{sl.r0}c{sl.c0}", num_rows=sl.r1 - sl.r0, dim=sl.c1 - sl.c0,
-                                  padding_idx=pad, bundle=None))
-            tensors[f"table{i}"] = np.ascontiguousarray(lk.tensors["table"][sl.r0:sl.r1, sl.c0:sl.c1])
-            if ts.rowwise:
-                tensors[f"params{i}"] = np.ascontiguousarray(lk.tensors["params"][sl.r0:sl.r1])
-        kspec = EmbeddingSpec(tuple(tables), spec.mode, spec.max_bag_size, spec.acc_type, spec.out_type, spec.weight_type,
-                              partial=True)
-        return Kernel(f"shard_h{card[0]}c{card[1]}_g{g}", kspec, tensors)
 
     # ------------------------------------------------------------------------------ call
 
@@ -232,7 +148,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         return KeyedTensor(keys=list(self.keys), length_per_key=list(self.dims), values=y, key_dim=1)
 
     @staticmethod
-    def _inputs(per: list, slots: Sequence[_Slot], B: int) -> dict:
+    def _inputs(per: list, slots: Sequence[cut.Slot], B: int) -> dict:
         idx_parts, lens, ws = [], [], []
         for sl in slots:
             fi, fl, fw = per[sl.lookup]
