@@ -364,11 +364,14 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
                 project.notes.append(why)
                 continue
             rt = persistent.top_name(k.spec)
-            layout = persistent.ring_layout(k.spec)
+            # The ring the bundle records for this kernel (offload.host.bundle.RingSize), else the defaults.
+            size = getattr(bundle, "rings", {}).get(kname)
+            rows = size.rows if size is not None else persistent.DEFAULT_ROWS
+            layout = persistent.ring_layout(k.spec, rows=rows, slots=size.slots if size is not None else persistent.DEFAULT_SLOTS)
             rsrcs = persistent.sources(k.spec, layout)
             rn = compute_units.get(rt, n) if isinstance(compute_units, Mapping) else n
             rpk = ProjectKernel(rt, k.kind, [kname], sorted(rsrcs), spec=k.spec.to_json(), launch="persistent",
-                                ring={"rows": persistent.DEFAULT_ROWS, "slots": layout.slots, "slot_bytes": layout.slot.size, "bytes": layout.nbytes})
+                                ring={"rows": rows, "slots": layout.slots, "slot_bytes": layout.slot.size, "bytes": layout.nbytes})
             rings.append((rpk, pk, k.spec, rn))
             by_top[rt] = rpk
             sources_of[rt] = rsrcs

@@ -75,6 +75,8 @@ MAX_TENSORS = 1024
 MAX_NDIM = 32
 MAX_TENSOR_BYTES = 1 << 44  # 16 TiB: beyond any card's memory, far below int64 overflow
 MAX_COMPUTE_UNITS = 64
+MAX_RING_SLOTS = 1 << 16  # offload.kernels.ring.RingLayout's bound
+MAX_RING_ROWS = 1 << 20
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME}
 _OPT_NAME = {"type": ["string", "null"], "maxLength": MAX_NAME}
@@ -107,6 +109,17 @@ _KERNEL = {
             "maxProperties": MAX_TENSORS,
             "propertyNames": _NAME,
             "additionalProperties": _TENSOR,
+        },
+        # The ring the kernel's persistent top was built for (offload.hls.persistent.ring_layout);
+        # absent: built for the defaults (bundles written before the field, or never built so).
+        "ring": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["slots", "rows"],
+            "properties": {
+                "slots": {"type": "integer", "minimum": 1, "maximum": MAX_RING_SLOTS},
+                "rows": {"type": "integer", "minimum": 1, "maximum": MAX_RING_ROWS},
+            },
         },
     },
 }

@@ -2,7 +2,8 @@
 
 Layout of a bundle directory::
 
-    manifest.json          format + version, kernels (kind, spec.to_json()), tensors (file, shape,
+    manifest.json          format + version, kernels (kind, spec.to_json(), the ring its persistent
+                           top was built for when recorded), tensors (file, shape,
                            dtype, nbytes, sha256), optional xclbin (file, uuid, target, platform,
                            compute units, sha256), a free ``meta`` dict, and ``manifest_sha256``:
                            the digest of everything else (see ``offload.host._manifest``)
@@ -26,6 +27,15 @@ before the digest) still load, with ``manifest_sha256 = None`` and an
 ``trusted_keys`` the bundle must carry a signature by one of them. Torch is never imported: a
 bundle loads and runs on a machine without it.
 
+Launch. A kernel's persistent top (``offload.hls.persistent``) is compiled for one ring: ``slots``
+requests in flight, ``rows`` rows a request. ``save(..., rings=)`` and ``record_xclbin(...,
+rings=)`` (what ``offload build`` calls) record it per kernel (``Bundle.rings``); a bundle without
+the field was built for the defaults (:data:`DEFAULT_RING`). The emu and xrt devices' ``load_bundle``
+open each kernel's ring at that size, and refuse a device opened for another with a
+:class:`BundleError` naming both. ``load(..., launch=)`` checks the bundle can run that way
+(persistent: every kernel's kind has a ring, and a recorded xclbin holds every ``<top>_ring``);
+:meth:`Bundle.open` opens a device in that mode and loads the bundle onto it.
+
 Example::
 
     import offload
@@ -33,6 +43,7 @@ Example::
     offload.host.bundle.sign("model.offload", "release.pem")
     b = offload.load("model.offload", trusted_keys=["release.pem.pub"])
     handles = open_device("emu").load_bundle(b)
+    dev, handles = offload.load("model.offload", launch="persistent").open("emu")
 """
 
 from __future__ import annotations
@@ -54,14 +65,19 @@ from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
+from offload.hls import persistent
+from offload.hls.cards import LAUNCH_MODES
 from offload.host import _manifest, signing
-from offload.host._manifest import DTYPES, FORMAT, SIGNATURE_FILE, VERSION
+from offload.host._manifest import DTYPES, FORMAT, MAX_RING_ROWS, MAX_RING_SLOTS, SIGNATURE_FILE, VERSION
 from offload.kernels.registry import Kernel, get_kind
-from offload.sim.errors import BundleError, InputError  # noqa: F401  (BundleError re-exported: defined once in the hierarchy)
+from offload.kernels.ring import RING_CAPACITY
+from offload.sim.errors import BundleError, InputError, UnsupportedError  # noqa: F401  (BundleError re-exported: defined once in the hierarchy)
 
 __all__ = [
     "Bundle",
     "BundleError",
+    "RingSize",
+    "DEFAULT_RING",
     "UnsealedBundleWarning",
     "KernelSource",
     "save",
@@ -88,6 +104,32 @@ MAX_BUNDLE_BYTES = 64 << 30
 
 class UnsealedBundleWarning(UserWarning):
     """A version 1 bundle was loaded: its manifest has no digest, so an edit to it goes unnoticed."""
+
+
+@dataclass(frozen=True)
+class RingSize:
+    """The ring a kernel's persistent top was built for: ``slots`` requests in flight, ``rows``
+    rows (bags per table, samples) a request (``offload.hls.persistent.ring_layout``).
+
+    Example::
+
+        RingSize(slots=4, rows=64)
+    """
+
+    slots: int
+    rows: int
+
+    def __post_init__(self) -> None:
+        for name, v, hi in (("slots", self.slots, MAX_RING_SLOTS), ("rows", self.rows, MAX_RING_ROWS)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+                raise InputError(f"ring {name}: {v!r} is not an integer in [1, {hi}]")
+
+    def to_json(self) -> dict[str, int]:
+        return {"slots": self.slots, "rows": self.rows}
+
+
+DEFAULT_RING = RingSize(persistent.DEFAULT_SLOTS, persistent.DEFAULT_ROWS)
+LAUNCH_CHOICES = ("auto", *LAUNCH_MODES)
 _XCLBIN_NAME = "offload.xclbin"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -114,9 +156,50 @@ class Bundle:
     # verified the signature with it (only when that key was among its trusted_keys).
     signature_key: str | None = None
     signature_verified: bool = False
+    # kernel name -> the ring its persistent top was built for, where recorded (else DEFAULT_RING)
+    rings: dict[str, RingSize] = field(default_factory=dict)
+    # load(launch=): the launch mode asked for (None: not asked), and why not persistent where
+    # "auto" cannot be (the bundle's side; the device's is asked at open)
+    launch: str | None = None
+    launch_why: str = ""
 
     def offload_kernels(self) -> list[Kernel]:
         return list(self.kernels.values())
+
+    def ring(self, kernel: str) -> RingSize:
+        """The ring ``kernel``'s persistent top was built for (:data:`DEFAULT_RING` when unrecorded)."""
+        if kernel not in self.kernels:
+            raise InputError(f"bundle {self.name!r} has no kernel {kernel!r}; it has {sorted(self.kernels)}")
+        return self.rings.get(kernel, DEFAULT_RING)
+
+    def open(self, device: str | None = None, launch: str | None = None) -> tuple[Any, dict[str, Any]]:
+        """Open ``device`` (a spec, default ``$OFFLOAD_DEVICE`` or sim) in ``launch`` mode (default
+        the one ``load(launch=)`` checked, else per call; ``"auto"``: persistent where both the
+        bundle and the device can) and load every kernel; ``(device, kernel name -> handle)``.
+        A device that cannot load the bundle is closed before the error reaches the caller.
+
+        Example::
+
+            dev, h = offload.load("model.offload", launch="persistent").open("emu")
+            dev.run(h["emb0"], inputs)
+        """
+        from offload.host.device import launch_modes, open_device
+
+        mode = launch or self.launch or "per_call"
+        if mode not in LAUNCH_CHOICES:
+            raise InputError(f"launch: {mode!r} is not one of {list(LAUNCH_CHOICES)}")
+        if mode != "per_call":
+            why = _persistence_problem(self)
+            if why and mode == "persistent":
+                raise UnsupportedError(f"bundle {self.name!r}: launch='persistent' is not possible: {why}")
+            if mode == "auto":
+                mode = "persistent" if not why and "persistent" in launch_modes(device) else "per_call"
+        dev = open_device(device, launch=mode)
+        try:
+            return dev, dev.load_bundle(self)
+        except BaseException:
+            dev.close()
+            raise
 
 
 @runtime_checkable
@@ -130,7 +213,8 @@ class KernelSource(Protocol):
 
 def _as_bundle(obj: Any, name: str | None, meta: Mapping[str, Any] | None) -> Bundle:
     if isinstance(obj, Bundle):
-        b = Bundle(obj.name, dict(obj.kernels), dict(obj.meta), obj.xclbin, obj.xclbin_uuid, obj.target, obj.platform, dict(obj.compute_units))
+        b = Bundle(obj.name, dict(obj.kernels), dict(obj.meta), obj.xclbin, obj.xclbin_uuid, obj.target, obj.platform, dict(obj.compute_units),
+                   rings=dict(obj.rings))
     else:
         if isinstance(obj, Kernel):
             kernels: Iterable[Kernel] = [obj]
@@ -179,15 +263,34 @@ def _tensor_entry(root: Path, rel: str, arr: np.ndarray) -> dict[str, Any]:
     return {"file": rel, "shape": list(a.shape), "dtype": a.dtype.str, "nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def save(obj: Any, path: str | os.PathLike, *, name: str | None = None, meta: Mapping[str, Any] | None = None) -> Path:
+def _ring_sizes(rings: Mapping[str, Any], kernels: Iterable[str], where: str) -> dict[str, RingSize]:
+    """``rings`` (kernel name -> RingSize or ``{"slots", "rows"}``) checked against the kernels' names."""
+    names = set(kernels)
+    out = {}
+    for k, r in rings.items():
+        if k not in names:
+            raise InputError(f"{where}: rings: no kernel {k!r} in the bundle (it has {sorted(names)})")
+        if isinstance(r, Mapping) and set(r) == {"slots", "rows"}:
+            r = RingSize(r["slots"], r["rows"])
+        if not isinstance(r, RingSize):
+            raise InputError(f"{where}: rings[{k!r}]: expected a RingSize or {{'slots': int, 'rows': int}}, got {r!r}")
+        out[k] = r
+    return out
+
+
+def save(obj: Any, path: str | os.PathLike, *, name: str | None = None, meta: Mapping[str, Any] | None = None,
+         rings: Mapping[str, Any] | None = None) -> Path:
     """Write ``obj`` (Bundle, Kernel, list of Kernels, or anything with ``offload_kernels()``) to ``path``.
 
+    ``rings``: kernel name -> the ring its persistent top is built for (:class:`RingSize` or
+    ``{"slots", "rows"}``), recorded in the manifest (a Bundle's own ``rings`` are kept).
     The directory is written next to its destination and renamed into place, so a reader never
     sees half a bundle. An existing bundle at ``path`` is replaced; any other non-empty directory
     is refused.
     """
     dest = Path(path)
     b = _as_bundle(obj, name or (None if isinstance(obj, KernelSource) else dest.stem), meta)
+    b.rings.update(_ring_sizes(rings or {}, b.kernels, "save"))
     if dest.exists() and not (dest / MANIFEST).is_file() and (not dest.is_dir() or any(dest.iterdir())):
         raise FileExistsError(f"save: {dest} exists and is not an offload bundle; refusing to overwrite it")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +307,8 @@ def save(obj: Any, path: str | os.PathLike, *, name: str | None = None, meta: Ma
                 # them under the file system's 255 bytes.
                 rel = f"tensors/{ki:03d}_{ti:03d}_{_SAFE.sub('_', kname)[:64]}.{_SAFE.sub('_', tname)[:64]}.bin"
                 tensors[tname] = _tensor_entry(stage, rel, arr)
-            kernels.append({"name": kname, "kind": k.kind, "spec": k.spec.to_json(), "tensors": tensors})
+            kernels.append({"name": kname, "kind": k.kind, "spec": k.spec.to_json(), "tensors": tensors,
+                            **({"ring": b.rings[kname].to_json()} if kname in b.rings else {})})
         manifest: dict[str, Any] = {"format": FORMAT, "version": VERSION, "name": b.name, "kernels": kernels, "meta": b.meta, "xclbin": None}
         if b.xclbin is not None:
             src = Path(b.xclbin)
@@ -278,15 +382,22 @@ def record_xclbin(
     platform: str | None,
     compute_units: Mapping[str, list[str]] | None = None,
     uuid: str | None = None,
+    rings: Mapping[str, Any] | None = None,
 ) -> Bundle:
-    """Copy a built xclbin into the bundle and record its UUID, target card and compute units."""
+    """Copy a built xclbin into the bundle and record its UUID, target card and compute units;
+    ``rings`` (kernel name -> :class:`RingSize` or ``{"slots", "rows"}``): the rings its persistent
+    tops were built for, recorded on those kernels."""
     root = Path(bundle_path)
-    load(root)  # verifies the rest first
+    before = load(root)  # verifies the rest first
+    sizes = _ring_sizes(rings or {}, before.kernels, f"bundle {root}")
     (root / (_XCLBIN_NAME + ".tmp")).unlink(missing_ok=True)  # never write through a planted link
     shutil.copyfile(xclbin, root / (_XCLBIN_NAME + ".tmp"))
     os.replace(root / (_XCLBIN_NAME + ".tmp"), root / _XCLBIN_NAME)
     manifest = _manifest.parse((root / MANIFEST).read_bytes(), f"bundle {root}")
     manifest["xclbin"] = _xclbin_entry(root / _XCLBIN_NAME, uuid, target, platform, compute_units or {})
+    for ke in manifest["kernels"]:
+        if ke["name"] in sizes:
+            ke["ring"] = sizes[ke["name"]].to_json()
     _write_manifest(root, manifest)
     # The manifest changed, so a signature of the old one no longer holds: sign the bundle again.
     (root / SIGNATURE_FILE).unlink(missing_ok=True)
@@ -498,8 +609,21 @@ def _only_named_files(root_fd: int, where: str, named: set[str]) -> None:
                           "a bundle holds only the files its manifest lists")
 
 
+def _persistence_problem(b: Bundle) -> str:
+    """Why ``b``'s kernels cannot run persistent ("" when they can, as far as the bundle tells)."""
+    for kname, k in b.kernels.items():
+        if k.kind not in RING_CAPACITY:
+            return f"kernel {kname!r}: the {k.kind} kind has no ring (no ring capacity registered), so no persistent top"
+    if b.xclbin is not None and b.compute_units:
+        missing = sorted({persistent.top_name(k.spec) for k in b.kernels.values()} - set(b.compute_units))
+        if missing:
+            return (f"its xclbin lacks the persistent top(s) {', '.join(missing)}: rebuild it with "
+                    "`offload build BUNDLE --launch both --vitis`")
+    return ""
+
+
 def load(path: str | os.PathLike, *, require_sealed: bool = False, trusted_keys: Iterable[Any] | None = None,
-         max_bundle_bytes: int = MAX_BUNDLE_BYTES) -> Bundle:
+         max_bundle_bytes: int = MAX_BUNDLE_BYTES, launch: str | None = None) -> Bundle:
     """Read and verify a bundle directory written by :func:`save` (see the module's docstring).
 
     ``require_sealed``: refuse a version 1 bundle (no manifest digest) instead of warning.
@@ -507,12 +631,19 @@ def load(path: str | os.PathLike, *, require_sealed: bool = False, trusted_keys:
     and carry a signature (``signature.json``, see :func:`sign`) by one of them.
     ``max_bundle_bytes``: the most bytes its tensor and xclbin files may declare in all
     (:data:`MAX_BUNDLE_BYTES` by default), checked before any of them is opened.
+    ``launch``: ``"per_call"``, ``"persistent"`` (refused with :class:`UnsupportedError` naming the
+    reason when a kernel's kind has no ring or the recorded xclbin lacks a persistent top) or
+    ``"auto"`` (``Bundle.launch_why`` says why not persistent where it cannot be); kept as
+    ``Bundle.launch``, the mode :meth:`Bundle.open` opens a device in.
 
     Example::
 
         b = load("model.offload", trusted_keys=["release.pem.pub"])
         b.signature_verified, b.signature_key        # True, the signing key's sha256
+        dev, handles = load("model.offload", launch="persistent").open("emu")
     """
+    if launch is not None and launch not in LAUNCH_CHOICES:
+        raise InputError(f"launch: {launch!r} is not one of {list(LAUNCH_CHOICES)}")
     keys = None if trusted_keys is None else [signing.load_public_key(k) for k in trusted_keys]
     if keys is not None and not keys:
         raise InputError("trusted_keys: empty; pass None to load without a signature check")
@@ -528,9 +659,14 @@ def load(path: str | os.PathLike, *, require_sealed: bool = False, trusted_keys:
     except OSError as e:
         raise BundleError(f"{root}: cannot open the bundle folder: {e.strerror}") from None
     try:
-        return _load(root, root_fd, where, require_sealed or keys is not None, keys, max_bundle_bytes)
+        b = _load(root, root_fd, where, require_sealed or keys is not None, keys, max_bundle_bytes)
     finally:
         os.close(root_fd)
+    if launch is not None:
+        b.launch, b.launch_why = launch, _persistence_problem(b) if launch != "per_call" else ""
+        if b.launch_why and launch == "persistent":
+            raise UnsupportedError(f"{where}: launch='persistent' is not possible: {b.launch_why}")
+    return b
 
 
 def _load(root: Path, root_fd: int, where: str, require_sealed: bool, keys: list | None, max_bundle_bytes: int) -> Bundle:
@@ -596,7 +732,8 @@ def _load(root: Path, root_fd: int, where: str, require_sealed: bool, keys: list
         kernels[kname] = Kernel(kname, spec, tensors)
 
     b = Bundle(manifest["name"] or root.name, kernels, manifest["meta"], path=root, manifest_sha256=sealed,
-               signature_key=None if signature is None else signature["public_key_sha256"], signature_verified=signer is not None)
+               signature_key=None if signature is None else signature["public_key_sha256"], signature_verified=signer is not None,
+               rings={ke["name"]: RingSize(**ke["ring"]) for ke in manifest["kernels"] if "ring" in ke})
     if xe is not None:
         f, _ = _checked_file(root_fd, xe, where, "xclbin", keep=False)
         f.close()

@@ -20,6 +20,12 @@ abandoned (never read again, so a late answer never reaches another request) and
 kernel thread are started. ``close`` refuses new calls, drains the ones in flight, then writes the
 stop word and joins the kernel threads.
 
+Ring size. A bundle records the ring each kernel's persistent top was built for
+(``Bundle.rings``, :class:`offload.host.bundle.RingSize`); :meth:`EmuDevice.load_bundle` opens
+each kernel's ring at that size, and refuses (:class:`BundleError`, naming both) a device opened
+with another ``ring_slots`` or ``ring_rows``. A kernel loaded alone gets the device's (default
+:data:`offload.hls.persistent.DEFAULT_SLOTS` slots of ``DEFAULT_ROWS`` rows).
+
 Example::
 
     from offload.host import open_device
@@ -44,7 +50,7 @@ from offload.host._pool import BufferPool
 from offload.host.device import LAUNCH_MODES, DeviceError, DeviceTimeout, KernelHandle, Probe, register_device
 from offload.kernels.registry import get_kind
 from offload.kernels.ring import HDR_STOP, SLOT_REQ_SEQ, STOP, Field, RingLayout
-from offload.sim.errors import InputError
+from offload.sim.errors import BundleError, InputError
 
 __all__ = ["EmuDevice", "Csim", "load_top"]
 
@@ -102,6 +108,7 @@ class _RingKernel:
     resident: list[np.ndarray]  # the device-side copies, in the persistent top's argument order
     csim: Csim
     checks: list[tuple[Field, int, int]]  # every slot field, with a scalar's [min, max]
+    rows: int  # rows a request may carry (the ring's)
     ring: _Ring | None = None
     resets: int = 0
     abandoned: list[_Ring] = field(default_factory=list)
@@ -119,18 +126,21 @@ class EmuDevice(BufferedDevice):
     #: nothing waits forever.
     deadline = 60.0
 
-    def __init__(self, spec: str = "emu", launch: str = "per_call", *, ring_rows: int = persistent.DEFAULT_ROWS,
-                 ring_slots: int = persistent.DEFAULT_SLOTS, csim_hooks: Csim | None = None) -> None:
+    def __init__(self, spec: str = "emu", launch: str = "per_call", *, ring_rows: int | None = None,
+                 ring_slots: int | None = None, csim_hooks: Csim | None = None) -> None:
         """``launch``: ``"per_call"`` or ``"persistent"`` (see the module doc). Persistent only:
         ``ring_rows`` rows (bags per table, samples) a request may carry, ``ring_slots`` requests
-        in flight per kernel, ``csim_hooks`` the C-simulation block of every kernel loop this
-        device starts (idle spin; the test hooks: delays, a kernel that dies)."""
+        in flight per kernel (None: a bundle's recorded ring, else the defaults), ``csim_hooks``
+        the C-simulation block of every kernel loop this device starts (idle spin; the test hooks:
+        delays, a kernel that dies)."""
         if launch not in LAUNCH_MODES:
             raise InputError(f"launch: {launch!r} is not one of {list(LAUNCH_MODES)}")
         super().__init__(spec)
         self.launch = launch
         self._pool: BufferPool[np.ndarray] = BufferPool(_alloc_device)
         self._ring_rows, self._ring_slots = ring_rows, ring_slots
+        self._sizes: dict[str, tuple[int, int]] = {}  # kernel name -> (slots, rows) from the bundle being loaded
+        self._sizing = threading.Lock()  # one load_bundle at a time sets _sizes
         self._csim = csim_hooks if csim_hooks is not None else Csim()
         self._ops = persistent.ring_ops() if launch == "persistent" else None
 
@@ -143,17 +153,41 @@ class EmuDevice(BufferedDevice):
             return Probe("emu", False, (), str(e))
         return Probe("emu", True, ("emu",), f"HLS C++ built with {built_with}")
 
+    def load_bundle(self, bundle: Any) -> dict[str, KernelHandle]:
+        """Load every kernel; persistent: each at the ring the bundle recorded for it (see the
+        module doc), every size checked before the first kernel loads."""
+        if self.launch != "persistent":
+            return super().load_bundle(bundle)
+        sizes = {}
+        for name, r in bundle.rings.items():  # unrecorded: the device's ring (emu builds the loop at load)
+            for what, mine, built in (("ring_slots", self._ring_slots, r.slots), ("ring_rows", self._ring_rows, r.rows)):
+                if mine is not None and mine != built:
+                    raise BundleError(f"bundle {bundle.name!r}: kernel {name!r}: its persistent top was built for a ring of {r.slots} slots of "
+                                      f"{r.rows} rows, and device {self.name!r} was opened with {what}={mine}; open it without {what} "
+                                      "to use the bundle's")
+            sizes[name] = (r.slots, r.rows)
+        with self._sizing:
+            self._sizes = sizes
+            try:
+                return super().load_bundle(bundle)
+            finally:
+                self._sizes = {}
+
+    def _ring_size(self, name: str) -> tuple[int, int]:
+        return self._sizes.get(name) or (self._ring_slots or persistent.DEFAULT_SLOTS, self._ring_rows or persistent.DEFAULT_ROWS)
+
     def _upload(self, loaded: Loaded, resident: dict[str, np.ndarray]) -> _EmuKernel | _RingKernel:
         spec = loaded.kernel.spec
         if self.launch == "persistent":
-            layout = persistent.ring_layout(spec, rows=self._ring_rows, slots=self._ring_slots)
+            slots, rows = self._ring_size(loaded.kernel.name)
+            layout = persistent.ring_layout(spec, rows=rows, slots=slots)
             top = persistent.load(spec, layout)
             copies = [np.array(resident[a.name], copy=True) for a in persistent.resident_args(spec)]
             checks = []
             for f in layout.slot.fields:
                 info = np.iinfo(f.dtype) if f.role == "scalar" else None
                 checks.append((f, int(info.min) if info else 0, int(info.max) if info else 0))
-            st = _RingKernel(top, copies, self._csim, checks)
+            st = _RingKernel(top, copies, self._csim, checks, rows)
             st.ring = self._start_ring(st)
             return st
         top = load_top(spec)
@@ -216,7 +250,7 @@ class EmuDevice(BufferedDevice):
                 v = host_array(loaded.kernel.name, f, v)
                 if v.size > f.count:
                     raise InputError(f"{f.name}: {v.size} elements exceed the ring slot's {f.count} "
-                                     f"({self._ring_rows} rows a request); open the device with a larger ring_rows")
+                                     f"({st.rows} rows a request); open the device with a larger ring_rows")
             bufs.append(v)
         limit = self.deadline if timeout is None else timeout
         deadline = time.monotonic() + limit
@@ -352,7 +386,9 @@ class EmuDevice(BufferedDevice):
         if self.launch == "persistent":
             rings: list[_RingKernel] = [lo.state for lo in self._loaded]
             sent = sum(r.next_n - 1 for st in rings for r in [st.ring, *st.abandoned] if r is not None)
-            d["ring"] = {"slots": self._ring_slots, "rows": self._ring_rows, "requests": sent, "resets": sum(st.resets for st in rings)}
+            d["ring"] = {"slots": self._ring_slots or persistent.DEFAULT_SLOTS, "rows": self._ring_rows or persistent.DEFAULT_ROWS,
+                         "requests": sent, "resets": sum(st.resets for st in rings),
+                         "kernels": {lo.kernel.name: {"slots": lo.state.top.layout.slots, "rows": lo.state.rows} for lo in self._loaded}}
         return d
 
     def _description(self) -> str:

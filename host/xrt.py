@@ -61,7 +61,10 @@ persistent compute unit is marked hung, and with none left the device is reopene
 per-call runs. A request larger than a slot runs per call when the xclbin also holds the
 per-call top, else it is refused naming the field and the limit. ``close`` drains: it admits no
 new request, waits for those in flight, then stores the stop word and waits (bounded) for the
-loop's run to complete. Persistence is refused with :class:`UnsupportedError` naming the reason
+loop's run to complete. Each ring has the size its persistent top was compiled for: the one the
+bundle recorded for that kernel (``Bundle.rings``; the defaults of :mod:`offload.hls.persistent`
+when unrecorded), and a device opened with another ``ring_slots``/``ring_rows`` refuses the
+bundle with a :class:`BundleError` naming both. Persistence is refused with :class:`UnsupportedError` naming the reason
 where it cannot work: a pyxrt without host-only buffers, ``map`` or ``xclbin.get_mems``, no C++
 compiler for the ring's acquire/release helpers, an xclbin without the persistent top; host
 memory not reserved for a ring the xclbin put there is a :class:`DeviceError` at load that says
@@ -96,7 +99,7 @@ from offload.host._buffered import BufferedDevice, Loaded, next_live_cu
 from offload.host._pool import BufferPool
 from offload.host.device import LAUNCH_MODES, DeviceError, DeviceTimeout, Probe, register_device
 from offload.kernels.ring import HDR_STOP, LINE, SLOT_REQ_SEQ, STOP, RingLayout
-from offload.sim.errors import InputError, UnsupportedError
+from offload.sim.errors import BundleError, InputError, UnsupportedError
 
 __all__ = ["XrtDevice", "XrtApi", "import_pyxrt", "pyxrt_import_problem", "xrt_api", "count_devices", "xrt_version",
            "persistent_problem", "MIN_XRT", "PERSISTENT_TIMEOUT_S", "SPIN_S"]
@@ -276,6 +279,7 @@ class _XrtKernel:
     resident: dict[str, np.ndarray] = field(default_factory=dict)  # kept to reload after a reopen
     rings: list[_Ring] = field(default_factory=list)  # persistent compute units (launch="persistent")
     next_ring: int = 0
+    ring_size: tuple[int, int] = (persistent.DEFAULT_SLOTS, persistent.DEFAULT_ROWS)  # (slots, rows) its top was built for
 
 
 @register_device("xrt")
@@ -286,8 +290,14 @@ class XrtDevice(BufferedDevice):
     launch_modes = LAUNCH_MODES  # what open_device(spec, launch=...) may ask for
     launch_why = ""  # it has every mode
 
-    def __init__(self, spec: str = "xrt", launch: str = "per_call") -> None:
+    def __init__(self, spec: str = "xrt", launch: str = "per_call", *, ring_slots: int | None = None, ring_rows: int | None = None) -> None:
+        """``launch``: ``"per_call"`` or ``"persistent"`` (see the module doc). Persistent only:
+        ``ring_slots``/``ring_rows``, the ring its persistent tops were built for when no bundle
+        records it (a bundle that records another is refused)."""
         super().__init__(spec)
+        self._ring_slots, self._ring_rows = ring_slots, ring_rows
+        self._sizes: dict[str, tuple[int, int]] = {}  # kernel name -> (slots, rows) of the bundle being loaded
+        self._sizing = threading.Lock()
         if launch not in self.launch_modes:
             raise InputError(f"launch: {launch!r} is not one of {list(self.launch_modes)}")
         self.launch = launch
@@ -388,8 +398,22 @@ class XrtDevice(BufferedDevice):
     def load_bundle(self, bundle: Any) -> dict:
         if bundle.xclbin is None:
             raise DeviceError(f"bundle {bundle.name!r} has no xclbin: build it with `offload build BUNDLE --target CARD --vitis` first")
+        sizes = {}
+        if self.launch == "persistent":  # every ring size checked before the card is programmed
+            for name, r in bundle.rings.items():  # unrecorded: the device's ring_slots/ring_rows, else the defaults
+                for what, mine, built in (("ring_slots", self._ring_slots, r.slots), ("ring_rows", self._ring_rows, r.rows)):
+                    if mine is not None and mine != built:
+                        raise BundleError(f"bundle {bundle.name!r}: kernel {name!r}: its persistent top was built for a ring of {r.slots} slots "
+                                          f"of {r.rows} rows, and device {self.name!r} was opened with {what}={mine}; open it without {what} "
+                                          "to use the bundle's")
+                sizes[name] = (r.slots, r.rows)
         self.load_xclbin(bundle.xclbin, bundle.xclbin_uuid, bundle.compute_units)
-        return super().load_bundle(bundle)
+        with self._sizing:
+            self._sizes = sizes
+            try:
+                return super().load_bundle(bundle)
+            finally:
+                self._sizes = {}
 
     # -- hooks ----------------------------------------------------------------------------------
     def _alloc_bo(self, group: Any, size: int) -> Any:
@@ -415,7 +439,8 @@ class XrtDevice(BufferedDevice):
         per_call = not self._xclbin_kernels or loaded.top in self._xclbin_kernels
         if self.launch == "per_call" and not per_call:
             raise DeviceError(f"kernel {loaded.kernel.name!r}: top function {loaded.top!r} is not in xclbin {self._xclbin} (it holds {self._xclbin_kernels})")
-        return self._upload_cus(loaded, resident)
+        size = self._sizes.get(loaded.kernel.name) or (self._ring_slots or persistent.DEFAULT_SLOTS, self._ring_rows or persistent.DEFAULT_ROWS)
+        return self._upload_cus(loaded, resident, size)
 
     def _resident_bo(self, uploaded: dict, name: str, group: int, arr: np.ndarray) -> Any:
         """The resident buffer of ``name`` in bank ``group``, uploaded once: compute units (per-call
@@ -429,7 +454,7 @@ class XrtDevice(BufferedDevice):
             uploaded[(name, group)] = bo
         return uploaded[(name, group)]
 
-    def _upload_cus(self, loaded: Loaded, resident: dict[str, np.ndarray]) -> _XrtKernel:
+    def _upload_cus(self, loaded: Loaded, resident: dict[str, np.ndarray], ring_size: tuple[int, int]) -> _XrtKernel:
         cus = []
         uploaded: dict[tuple[str, int], Any] = {}  # (arg, bank) -> bo
         per_call = not self._xclbin_kernels or loaded.top in self._xclbin_kernels
@@ -438,10 +463,10 @@ class XrtDevice(BufferedDevice):
             groups = {i: k.group_id(i) for i, a in enumerate(loaded.args) if a.role != "scalar"}
             bos = {i: self._resident_bo(uploaded, a.name, groups[i], resident[a.name]) for i, a in enumerate(loaded.args) if a.role == "resident"}
             cus.append(_Cu(cu or loaded.top, k, bos, groups))
-        st = _XrtKernel(cus, itertools.cycle(cus), threading.Lock(), dict(resident))
+        st = _XrtKernel(cus, itertools.cycle(cus), threading.Lock(), dict(resident), ring_size=ring_size)
         if self.launch == "persistent":
             try:
-                st.rings = self._start_rings(loaded, resident, uploaded)
+                st.rings = self._start_rings(loaded, resident, uploaded, ring_size)
             except BaseException:
                 for r in st.rings:
                     self._abandon(r, "the load failed")
@@ -453,12 +478,13 @@ class XrtDevice(BufferedDevice):
         """The memory indices the xclbin tags ``HOST[...]`` (xclbin.get_mems, pyxrt.cpp from 2.12)."""
         return {int(m.get_index()) for m in self._xb.get_mems() if str(m.get_tag()).upper().startswith("HOST")}
 
-    def _start_rings(self, loaded: Loaded, resident: dict[str, np.ndarray], uploaded: dict) -> list[_Ring]:
+    def _start_rings(self, loaded: Loaded, resident: dict[str, np.ndarray], uploaded: dict, ring_size: tuple[int, int]) -> list[_Ring]:
         """Allocate each persistent compute unit's ring, write its header, and start its loop with one run."""
         pyxrt = self._pyxrt
         spec = loaded.kernel.spec
         top = persistent.top_name(spec)
-        layout = persistent.ring_layout(spec)  # the layout offload build compiled the loop for
+        slots, rows = ring_size
+        layout = persistent.ring_layout(spec, rows=rows, slots=slots)  # the layout offload build compiled the loop for
         host_banks = self._host_banks()
         to_dev = pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
         rings: list[_Ring] = []
@@ -656,7 +682,7 @@ class XrtDevice(BufferedDevice):
                 return self._ring_call(loaded, ring, values, PERSISTENT_TIMEOUT_S if timeout is None else timeout)
             if not st.cus:
                 raise InputError(f"kernel {loaded.kernel.name!r}: {too_big} (the persistent top was built for "
-                                 f"{persistent.DEFAULT_ROWS} rows a request, and the xclbin has no per-call top to run a larger one)")
+                                 f"{st.ring_size[1]} rows a request, and the xclbin has no per-call top to run a larger one)")
         return self._execute_per_call(loaded, values, timeout)
 
     def _execute_per_call(self, loaded: Loaded, values: dict[str, Any], timeout: float | None) -> dict[str, np.ndarray]:
@@ -760,7 +786,7 @@ class XrtDevice(BufferedDevice):
             except RuntimeError as e:
                 raise DeviceError(f"device {self.name!r}: reprogramming after a hung compute unit failed: {e}; reset the card (`xbutil reset`)") from e
             for lo in self._loaded:
-                lo.state = self._upload_cus(lo, lo.state.resident)
+                lo.state = self._upload_cus(lo, lo.state.resident, lo.state.ring_size)
             self.reopens += 1
         old_pool.close()
 
@@ -769,6 +795,7 @@ class XrtDevice(BufferedDevice):
                              "launch": self.launch}
         if self.launch == "persistent":
             d["rings"] = [{"kernel": lo.kernel.name, "compute_unit": r.name, "memory": "host" if r.host else "card", "slots": r.layout.slots,
+                           "rows": lo.state.ring_size[1],
                            "answered": r.answered, "abandoned": r.dead}
                           for lo in self._loaded for r in lo.state.rings]
         info = self._pyxrt.xrt_info_device

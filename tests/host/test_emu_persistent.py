@@ -100,7 +100,7 @@ def test_a_request_larger_than_a_slot_is_refused_before_it_is_sent(sim):
     h, hs = dev.load(k), sim.load(k)
     with pytest.raises(InputError, match=r"x: 40 elements exceed the ring slot's 32 \(4 rows a request\)"):
         dev.run(h, sa.make_inputs(n=8, batch=5))
-    assert dev.info().details["ring"] == {"slots": 8, "rows": 4, "requests": 0, "resets": 0}
+    assert dev.info().details["ring"] == {"slots": 8, "rows": 4, "requests": 0, "resets": 0, "kernels": {"sa": {"slots": 8, "rows": 4}}}
     inp = sa.make_inputs(n=8, batch=4)
     assert_same(dev.run(h, inp), sim.run(hs, inp))
     dev.close()

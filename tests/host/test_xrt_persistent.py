@@ -5,6 +5,7 @@ every answer is checked against the sim device on the same inputs."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import replace
@@ -18,7 +19,7 @@ from offload.hls.registry import get_hls_kind, register_hls_kind
 from offload.host import DeviceError, DeviceTimeout, open_device
 from offload.kernels.registry import get_kind, register_kind
 from offload.kernels.ring import RING_CAPACITY, register_capacity
-from offload.sim.errors import InputError, UnsupportedError
+from offload.sim.errors import BundleError, InputError, UnsupportedError
 
 # The private test kind with a ring capacity, under its own name, so that the kinds other tests
 # build projects from keep theirs (none): a slot holds `rows` rows of x and y.
@@ -37,9 +38,11 @@ def _kernel(name="sa", n=8, scale=3, seed=0):
 PLATFORM = "xilinx_u55c_gen3x16_xdma_3_202210_1"
 
 
-def _bundle(tmp_path, kernels, *, ring_memory="HOST", per_call=True, ring=True, ring_cus=1):
+def _bundle(tmp_path, kernels, *, ring_memory="HOST", per_call=True, ring=True, ring_cus=1, built=None, recorded=None):
     """A saved bundle whose (fake) xclbin holds each kernel's per-call top and/or its persistent top,
-    the ring port at HOST[0] (``ring_memory="HOST"``) or in card memory."""
+    the ring port at HOST[0] (``ring_memory="HOST"``) or in card memory; ``built``: the ring
+    (``{"slots", "rows"}``) the persistent tops are compiled for (default: the defaults),
+    ``recorded``: the one record_xclbin writes into the manifest (default: none)."""
     import pyxrt
 
     from offload.host.bundle import record_xclbin, save
@@ -57,11 +60,12 @@ def _bundle(tmp_path, kernels, *, ring_memory="HOST", per_call=True, ring=True, 
         if ring:
             rt = persistent.top_name(k.spec)
             cus[rt] = [f"{rt}_{i + 1}" for i in range(ring_cus)]
-            entries.append({"name": rt, "cus": cus[rt], "ring": {"rows": persistent.DEFAULT_ROWS, "slots": persistent.DEFAULT_SLOTS},
+            entries.append({"name": rt, "cus": cus[rt], "ring": built or {"rows": persistent.DEFAULT_ROWS, "slots": persistent.DEFAULT_SLOTS},
                             "ring_memory": ring_memory, **base})
     xb = tmp_path / "fake.xclbin"
     pyxrt.write_xclbin(xb, entries)
-    return record_xclbin(p, xb, target="u55c", platform=PLATFORM, compute_units=cus)
+    return record_xclbin(p, xb, target="u55c", platform=PLATFORM, compute_units=cus,
+                         rings={k.name: recorded for k in kernels} if recorded else None)
 
 
 def _sim(b, name):
@@ -424,3 +428,67 @@ def test_info_says_which_launch_modes_a_bundle_offers(fakes, tmp_path):
     r = CliRunner().invoke(main, ["devices", "--json"])
     xrt = next(d for d in json.loads(r.output) if d["backend"] == "xrt")
     assert xrt["launch_modes"] == ["per_call", "persistent"] and "launch modes: per_call, persistent" in xrt["why"]
+
+
+# -- the ring size the bundle records ----------------------------------------------------------------
+def test_the_ring_the_bundle_records_is_the_one_opened(fakes, tmp_path):
+    """The xclbin's loop was compiled for 2 slots of 3 rows, as the manifest records: the host's
+    ring must be that one (a default 8-slot ring would put requests where the loop never looks)."""
+    size = {"slots": 2, "rows": 3}
+    b = _bundle(tmp_path, [_kernel()], built=size, recorded=size)
+    assert b.rings["sa"].slots == 2 and json.loads((b.path / "manifest.json").read_text())["kernels"][0]["ring"] == size
+    want = _sim(b, "sa")
+    dev, h = _open(b)
+    for i in range(7):  # laps of the 2 slots
+        inp = sa.make_inputs(n=8, batch=1 + i % 3, seed=i)
+        assert_same(dev.run(h, inp, timeout=5), want(inp))
+    (ring,) = dev.info().details["rings"]
+    assert (ring["slots"], ring["rows"], ring["answered"]) == (2, 3, 7)
+    # 4 rows exceed the recorded 3: they run per call (the xclbin has the per-call top).
+    assert_same(dev.run(h, sa.make_inputs(n=8, batch=4), timeout=5), want(sa.make_inputs(n=8, batch=4)))
+    assert dev.info().details["rings"][0]["answered"] == 7
+    dev.close()
+
+
+def test_a_device_opened_for_another_ring_refuses_the_bundle_naming_both(fakes, tmp_path):
+    from offload.host.xrt import XrtDevice
+
+    pyxrt, _ = fakes
+    size = {"slots": 2, "rows": 3}
+    b = _bundle(tmp_path, [_kernel()], built=size, recorded=size)
+    dev = XrtDevice("xrt:0", "persistent", ring_slots=8)
+    with pytest.raises(BundleError, match=r"kernel 'sa': its persistent top was built for a ring of 2 slots of 3 rows, "
+                                          r"and device 'xrt:0' was opened with ring_slots=8"):
+        dev.load_bundle(b)
+    assert pyxrt.stats["runs"] == 0 and dev.info().details["kernels"] == []  # refused before the card was touched
+    dev.close()
+    dev = XrtDevice("xrt:0", "persistent", ring_slots=2, ring_rows=3)  # the same ring: accepted
+    h = dev.load_bundle(b)["sa"]
+    inp = sa.make_inputs(n=8, batch=3)
+    assert_same(dev.run(h, inp, timeout=5), _sim(b, "sa")(inp))
+    dev.close()
+
+
+def test_an_unrecorded_bundle_uses_the_device_ring_or_the_defaults(fakes, tmp_path):
+    from offload.host.xrt import XrtDevice
+
+    b = _bundle(tmp_path, [_kernel()], built={"slots": 4, "rows": 2})  # built by hand, not recorded
+    assert b.rings == {}
+    dev = XrtDevice("xrt:0", "persistent", ring_slots=4, ring_rows=2)
+    h = dev.load_bundle(b)["sa"]
+    for i in range(6):
+        inp = sa.make_inputs(n=8, batch=2, seed=i)
+        assert_same(dev.run(h, inp, timeout=5), _sim(b, "sa")(inp))
+    assert dev.info().details["rings"][0]["slots"] == 4
+    dev.close()
+
+
+def test_load_refuses_persistent_where_the_xclbin_lacks_the_ring_tops(fakes, tmp_path):
+    from offload.host.bundle import load
+
+    b = _bundle(tmp_path, [_kernel()], ring=False)
+    with pytest.raises(UnsupportedError, match=r"launch='persistent' is not possible: its xclbin lacks the persistent top\(s\) "
+                                               r"test_scale_add_n8_s3_ring: rebuild it"):
+        load(b.path, launch="persistent")
+    assert "xclbin lacks" in load(b.path, launch="auto").launch_why
+    assert load(_bundle(tmp_path / "r", [_kernel()]).path, launch="persistent").launch_why == ""
