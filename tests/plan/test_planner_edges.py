@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import offload.plan as P
+from offload.sim.errors import InputError
 
 U50 = P.Topology.uniform("u50")  # one card: 32 HBM pseudo-channels of 256 MiB
 HBM = [u for u in U50.units if u.kind == "HBM"]
@@ -124,3 +125,69 @@ def test_a_card_pin_keeps_host_and_card_apart():
                    {"m": {"card": (1, 0)}, "n": {"card": (0, 1)}})
     assert {s.where for s in plan.table("m").shards} == {(1, 0)}
     assert {s.where for s in plan.table("n").shards} == {(0, 1)}
+
+
+def test_each_table_goes_to_the_bank_it_unbalances_least():
+    # Two hot table-wise tables on an empty card: the first takes bank 0 (every bank ties, the
+    # lowest wins), the second the next empty one, not the bank the first already loads.
+    tabs = [P.Table("a", 1000, 64, pooling_factor=9.0), P.Table("b", 1000, 64, pooling_factor=8.0)]
+    cons = {n: {"sharding": "table_wise", "memory": "hbm"} for n in ("a", "b")}
+    plan = P.shard(tabs, U50, cons, onchip_max_bytes=0)
+    assert [(s.kind, s.bank) for s in plan.table("a").shards] == [("HBM", 0)]
+    assert [(s.kind, s.bank) for s in plan.table("b").shards] == [("HBM", 1)]
+
+
+def test_a_table_without_a_quarter_of_headroom_on_a_host_spreads_over_hosts():
+    # Each table is 85 % of one host's HBM: a host holds it only with 25 % room to spare, so both
+    # spread over the two hosts rather than crowding onto the first.
+    topo = P.Topology.uniform("u50", hosts=2, cards_per_host=1)
+    rows = int(0.85 * 32 * HBM[0].bytes) // RB
+    tabs = [P.Table("a", rows, 64, pooling_factor=0.0), P.Table("b", rows, 64, pooling_factor=0.0)]
+    plan = P.shard(tabs, topo)
+    _within_capacity(plan)
+    for n in ("a", "b"):
+        assert {s.host for s in plan.table(n).shards} == {0, 1} and plan.table(n).sharding == "row_wise", n
+
+
+def test_a_table_placed_after_one_that_failed_the_first_pass_is_still_placed():
+    # 'big' fails the piece pass (fragmented banks) and is placed again afterwards; 'z', read by
+    # nobody, comes after big's pieces in the hottest-first order and must be placed all the same.
+    fill = [P.Table(f"f{i:02d}", 200 * 2**20 // RB, 64, pooling_factor=100.0) for i in range(32)]
+    big = P.Table("big", 1500 * 2**20 // RB, 64, pooling_factor=0.01)
+    z = P.Table("z", 2 * 2**20 // RB, 64, pooling_factor=0.0)
+    cons = {f.name: {"sharding": "table_wise"} for f in fill} | {"big": {"sharding": "row_wise"}}
+    plan = P.shard(fill + [big, z], U50, cons, onchip_max_bytes=0)
+    _within_capacity(plan)
+    assert sum(s.row1 - s.row0 for s in plan.table("z").shards) == z.rows
+    assert sum(s.row1 - s.row0 for s in plan.table("big").shards) == big.rows
+
+
+def test_pieces_go_hottest_first():
+    # Five whole tables on a U250's four DDR banks, the hottest with the fewest rows, and a cold
+    # table holding nearly all the bytes (so the hot ones' bytes weigh nothing beside their time).
+    # Hottest first (5, 4, 3, 3 one a bank, the last 3 on a 3) the busiest bank serves 6 lookups a
+    # sample; in row order (3, 3, 3, 4, then 5 on a 3) it would serve 8.
+    topo = P.Topology.uniform("u250", onchip_share=0.0)
+    pools = {"p5": (5.0, 1000), "p4": (4.0, 1001), "p3a": (3.0, 1002), "p3b": (3.0, 1003), "p3c": (3.0, 1004)}
+    tabs = [P.Table(n, rows, 64, pooling_factor=p) for n, (p, rows) in pools.items()]
+    cold = P.Table("cold", 5_000_000, 64, pooling_factor=0.0)
+    plan = P.shard(tabs + [cold], topo, {n: {"sharding": "table_wise"} for n in pools})
+    per_bank: dict = {}
+    for n in pools:
+        (s,) = plan.table(n).shards
+        per_bank[s.unit] = per_bank.get(s.unit, 0.0) + pools[n][0]
+    assert sorted(per_bank.values()) == [3.0, 4.0, 5.0, 6.0]
+
+
+def test_a_hot_table_is_cut_for_its_traffic_not_only_its_bytes():
+    # 'hot' fits one channel many times over, but takes all the traffic: cut for the mean bank
+    # time, it spreads over every channel; 'cold' (nobody reads it) holds the bytes.
+    hot = P.Table("hot", 16384, 64, pooling_factor=50.0)
+    cold = P.Table("cold", 2**30 // RB, 64, pooling_factor=0.0)
+    plan = P.shard([hot, cold], U50, onchip_max_bytes=0)
+    assert len({s.bank for s in plan.table("hot").shards}) == len(HBM)
+
+
+def test_duplicate_names_are_named_and_only_they():
+    with pytest.raises(InputError, match=r"duplicate names \['x'\]"):
+        P.shard([P.Table("x", 5, 4), P.Table("y", 5, 4), P.Table("x", 6, 4)], U50)
