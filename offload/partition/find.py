@@ -5,7 +5,8 @@ parameter, or a maximal MLP chain: consecutive ``call_module`` nodes of supporte
 feeding only the next, starting at a ``Linear``. Everything else is reported, never touched.
 
 :func:`apply` is the first partition pass: it traces the model and gives every candidate and every
-skipped node a report row.
+skipped node a report row. When the model is scored by AUC, a chain's trailing sigmoid that
+computes the scored output stays on the host (:func:`split_scored_sigmoid`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils import _pytree as pytree
 
 from offload.partition import recsys
 from offload.partition.report import Decision
@@ -25,7 +27,7 @@ from offload.partition.report import Decision
 if TYPE_CHECKING:  # state.py holds Candidate lists, so it imports this module, not the reverse
     from offload.partition.state import State
 
-__all__ = ["Candidate", "apply", "find_candidates", "functional_args", "bag_inputs", "trace", "MLP_LAYERS", "OPS"]
+__all__ = ["Candidate", "apply", "find_candidates", "split_scored_sigmoid", "functional_args", "bag_inputs", "trace", "MLP_LAYERS", "OPS"]
 
 OPS = ("embedding_bag", "embedding", "mlp")
 # Layers the MLP kernel implements (Linear + element-wise activations; BatchNorm1d folds into the
@@ -242,15 +244,61 @@ def find_candidates(gm: fx.GraphModule, ops: tuple[str, ...] = OPS) -> tuple[lis
     return cands, skipped
 
 
+# Calls that only reshape a tensor: a value reaching the output through them is the output's values.
+_SHAPE_METHODS = ("squeeze", "unsqueeze", "view", "reshape", "flatten")
+_SHAPE_FUNCTIONS = (torch.squeeze, torch.unsqueeze, torch.reshape, torch.flatten)
+SCORE_SIGMOID_REASON = (
+    "kept on the host under an AUC budget: the sigmoid on the scored output is strictly increasing, so on "
+    "the host it keeps the offloaded logit's order (all AUC reads); on the card its table would tie confident scores")
+
+
+def _is_scored_output(node: fx.Node) -> bool:
+    """Whether ``node``'s values, at most reshaped, are the model's first output tensor and go nowhere else."""
+    while len(node.users) == 1:
+        nxt = next(iter(node.users))
+        if nxt.op == "output":
+            leaves = pytree.tree_leaves(nxt.args[0])
+            return bool(leaves) and leaves[0] is node
+        shape_op = ((nxt.op == "call_method" and nxt.target in _SHAPE_METHODS)
+                    or (nxt.op == "call_function" and nxt.target in _SHAPE_FUNCTIONS))
+        if not shape_op or not nxt.args or nxt.args[0] is not node:
+            return False
+        node = nxt
+    return False
+
+
+def split_scored_sigmoid(cands: list[Candidate], mods: dict) -> list[Skipped]:
+    """Take a trailing sigmoid off every MLP chain whose sigmoid computes the model's scored output.
+
+    For a model scored by AUC: the sigmoid is strictly increasing, so the float sigmoid on the host
+    of the chain's fixed-point logit ranks rows exactly as the logit does; on the card it would be a
+    lookup table whose step ties confident scores. The chain then ends at the logit (what hls4ml
+    users deploy) and the sigmoid's row says why it stayed. float32's own sigmoid can still tie two
+    logits once ``sigmoid(x)`` is within 2**-24 of 1 (x > 16.6), far past any table's resolution.
+    """
+    kept = []
+    for c in cands:
+        if c.kind != "mlp" or len(c.nodes) < 2 or not isinstance(c.module[-1], nn.Sigmoid) or not _is_scored_output(c.last):
+            continue
+        sig = c.nodes.pop()
+        c.module = nn.Sequential(*list(c.module)[:-1]).eval()
+        c.targets.pop()
+        kept.append(Skipped(sig, "sigmoid", SCORE_SIGMOID_REASON, mods.get(sig.target) if sig.op == "call_module" else None))
+    return kept
+
+
 def apply(st: State) -> None:
     """Pass: trace ``st.model`` (a failure lands in ``st.trace_error``) and list its candidates, each
-    with a report row, then the skipped nodes, each with a "kept" row saying why."""
+    with a report row, then the skipped nodes, each with a "kept" row saying why. Under an AUC
+    budget a sigmoid computing the scored output stays on the host (:func:`split_scored_sigmoid`)."""
     try:
         st.gm = trace(st.model)
     except Exception as e:  # noqa: BLE001 - FX raises many types (TraceError, TypeError, RuntimeError...)
         st.trace_error = e
         return
     st.candidates, st.skipped = find_candidates(st.gm, st.ops)
+    if st.holdout is not None and st.holdout.metric == "auc_drop":
+        st.skipped += split_scored_sigmoid(st.candidates, dict(st.gm.named_modules()))
     for c in st.candidates:
         st.decisions[c.name] = Decision(c.name, c.kind, ",".join(c.targets), c.describe(), False, "")
         st.report.decisions.append(st.decisions[c.name])
