@@ -45,7 +45,7 @@ import numpy as np
 from offload.hls import csim
 from offload.hls.registry import HlsKind, KernelArg, register_hls_kind
 from offload.kernels.mlp import MlpSpec
-from offload.sim.fixed import FixedType
+from offload.kernels.table_format import container_dtype
 from offload.sim.mlp.strategy import DA
 
 __all__ = [
@@ -74,15 +74,6 @@ INPUT_NAME = "input_1"
 _TABLE_OPS = ("sigmoid", "tanh")
 
 
-def container_dtype(t: FixedType | str) -> np.dtype:
-    """Smallest NumPy integer type holding the raw values of ``t`` (its buffer element type)."""
-    t = FixedType.parse(t)
-    for bits in (8, 16, 32, 64):
-        if t.width <= bits:
-            return np.dtype(f"{'int' if t.signed else 'uint'}{bits}")
-    raise ValueError(f"{t} is wider than 64 bits")
-
-
 _CTYPE = {
     "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "uint16": "uint16_t",
     "int32": "int32_t", "uint32": "uint32_t", "int64": "int64_t", "uint64": "uint64_t",
@@ -107,20 +98,20 @@ def hls_config(spec: MlpSpec, *, trace: bool = False) -> dict:
     A DA spec sets ``Strategy: distributed_arithmetic`` on its Dense layers only: hls4ml's DA pass
     raises for any other layer (``DistributedArithmeticCodegen.match``).
     """
-    layers: dict[str, dict] = {INPUT_NAME: {"Trace": trace, "Precision": {"result": spec.input_type}}}
+    layers: dict[str, dict] = {INPUT_NAME: {"Trace": trace, "Precision": {"result": str(spec.input_type)}}}
     for layer in spec.layers:
-        cfg: dict[str, Any] = {"Trace": trace, "Precision": dict(layer.types()), "ReuseFactor": spec.reuse_factor}
+        cfg: dict[str, Any] = {"Trace": trace, "Precision": {r: str(t) for r, t in layer.types().items()}, "ReuseFactor": spec.reuse_factor}
         if layer.op == "dense" and not layer.use_bias:
             cfg["Precision"]["bias"] = "ap_fixed<16,6>"  # unused: hls4ml emits an ap_uint<1> zero bias
         if layer.op in _TABLE_OPS:
             cfg["TableSize"] = int(layer.table_size)
-            cfg["table_t"] = layer.table
+            cfg["table_t"] = str(layer.table)
         if layer.op == "dense" and spec.strategy == DA:
             cfg["Strategy"] = "distributed_arithmetic"
         layers[layer.name] = cfg
     return {
         "Model": {
-            "Precision": {"default": spec.input_type},
+            "Precision": {"default": str(spec.input_type)},
             "ReuseFactor": spec.reuse_factor,
             "Strategy": "Latency",
             "BramFactor": 1_000_000_000,
@@ -140,7 +131,7 @@ def layer_list(spec: MlpSpec, float_weights: Mapping[str, np.ndarray] | None = N
     raw = spec.tensors()
     types = spec.tensor_types()
     if float_weights is None:
-        float_weights = {k: FixedType.parse(types[k]).to_float(v) for k, v in raw.items()}
+        float_weights = {k: types[k].to_float(v) for k, v in raw.items()}
     out: list[dict] = [{"name": INPUT_NAME, "class_name": "InputLayer", "input_shape": [spec.n_features]}]
     prev = INPUT_NAME
     for layer in spec.layers:
@@ -255,8 +246,7 @@ def sources(spec: MlpSpec) -> dict[str, str]:
     fw = firmware_sources(spec)
     proj = project_name(spec)
     input_t, result_t = _prototype(fw[f"{proj}.h"], proj)
-    it = FixedType.parse(spec.input_type)
-    ot = FixedType.parse(spec.output_type)
+    it, ot = spec.input_type, spec.output_type
     template = (resources.files("offload.hls") / "templates" / "mlp" / "kernel.cpp.tmpl").read_text()
     top = string.Template(template).substitute(
         project=proj,
@@ -297,7 +287,7 @@ def pack_resident(spec: MlpSpec, tensors: Mapping[str, np.ndarray]) -> dict[str,
 def pack_inputs(spec: MlpSpec, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """``x`` float [B, F] -> raw ``input_t`` (``input_t(double)`` as hls4ml's bridge does), zero ``y``, ``n``."""
     x = np.asarray(inputs["x"], dtype=np.float64)
-    raw = FixedType.parse(spec.input_type).quantize(x)
+    raw = spec.input_type.quantize(x)
     b = x.shape[0]
     return {
         "x": np.ascontiguousarray(raw.astype(container_dtype(spec.input_type)).ravel()),
@@ -310,7 +300,7 @@ def unpack_outputs(spec: MlpSpec, inputs: Mapping[str, np.ndarray], buffers: Map
     """Raw ``result_t`` -> ``{"y": float64 [B, n_out]}`` (``double(result_t)``)."""
     b = np.asarray(inputs["x"]).shape[0]
     y = np.asarray(buffers["y"]).astype(np.int64).reshape(b, spec.n_outputs)
-    return {"y": FixedType.parse(spec.output_type).to_float(y)}
+    return {"y": spec.output_type.to_float(y)}
 
 
 HLS_KIND = register_hls_kind(HlsKind("mlp", top_name, sources, top_args, pack_resident, pack_inputs, unpack_outputs))

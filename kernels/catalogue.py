@@ -413,8 +413,7 @@ def _mlp(arch: str, precision: str, reuse: int, act: str, *, out_act: str | None
     return Entry(name, "mlp", params, _build_mlp)
 
 
-def _raw_weights(rng: np.random.Generator, type_text: str, shape: tuple[int, ...]) -> np.ndarray:
-    t = FixedType.parse(type_text)
+def _raw_weights(rng: np.random.Generator, t: FixedType, shape: tuple[int, ...]) -> np.ndarray:
     # Trained-network magnitudes (most weights well inside the range) plus both extremes once.
     scale = min(0.5, float(t.max_float) / 4)
     raw = np.clip(np.floor(rng.normal(0.0, scale, shape) / float(t.lsb)), int(t.min_raw), int(t.max_raw)).astype(np.int64)
@@ -448,14 +447,14 @@ def _build_mlp(e: Entry, rng: np.random.Generator) -> Case:
         if tok == "bn":
             name = f"bn{i}"
             layers.append(MlpLayer(name, "batchnorm", width, width, res_t, scale=w_t, bias=b_t))
-            consts[f"{name}.scale"] = _raw_weights(rng, w_t, (width,))
-            consts[f"{name}.bias"] = _raw_weights(rng, b_t, (width,))
+            consts[f"{name}.scale"] = _raw_weights(rng, layers[-1].scale, (width,))
+            consts[f"{name}.bias"] = _raw_weights(rng, layers[-1].bias, (width,))
             continue
         n_out = int(tok)
         name = f"fc{i}"
         layers.append(MlpLayer(name, "dense", width, n_out, res_t, weight=w_t, bias=b_t, accum=acc_t))
-        consts[f"{name}.weight"] = _raw_weights(rng, w_t, (width, n_out))
-        consts[f"{name}.bias"] = _raw_weights(rng, b_t, (n_out,))
+        consts[f"{name}.weight"] = _raw_weights(rng, layers[-1].weight, (width, n_out))
+        consts[f"{name}.bias"] = _raw_weights(rng, layers[-1].bias, (n_out,))
         width = n_out
         act = p["out_act"] if last else p["act"]
         if act:
@@ -464,7 +463,7 @@ def _build_mlp(e: Entry, rng: np.random.Generator) -> Case:
                    strategy=strategy)
     kernel = Kernel(e.name.replace("/", "_"), spec, spec.tensors())
 
-    it = FixedType.parse(in_t)
+    it = spec.input_type
     lo, hi, lsb = float(it.min_float), float(it.max_float), float(it.lsb)
     B = p["batch"]
     x = rng.uniform(lo / 4, hi / 4, (B, n_features))

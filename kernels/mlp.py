@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from offload.kernels.registry import KernelKind, register_kind
-from offload.sim.errors import InputError, InputKeyError, InputTypeError
+from offload.sim.errors import FormatError, InputError, InputKeyError, InputTypeError
 from offload.sim.fixed import FixedType, mul_type
 from offload.sim import mlp as _sim
 from offload.sim.mlp import OPS, MlpLayer
@@ -49,6 +49,7 @@ class MlpSpec:
     ``constants`` holds the raw weights (name -> flattened ints): hls4ml bakes weights into the
     firmware as constants, so the generated C++ depends on them and the spec must carry them.
     The kernel's resident tensors are the same arrays (:meth:`tensors`), used by the sim device.
+    ``input_type`` (and every layer type) is a :class:`FixedType`; text is parsed once, here.
 
     ``strategy`` is hls4ml's Dense strategy, ``"latency"`` or ``"distributed_arithmetic"``
     (:mod:`offload.sim.mlp.strategy`). Under DA accumulation is exact: a dense layer's ``accum``
@@ -57,7 +58,7 @@ class MlpSpec:
     """
 
     n_features: int
-    input_type: str
+    input_type: FixedType
     layers: tuple[MlpLayer, ...]
     constants: tuple[tuple[str, tuple[int, ...]], ...] = ()
     reuse_factor: int = 1
@@ -65,6 +66,10 @@ class MlpSpec:
     strategy: str = LATENCY
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "input_type", FixedType.parse(self.input_type))
+        except (TypeError, ValueError) as e:
+            raise FormatError(f"input_type {self.input_type!r}: {e}") from None
         object.__setattr__(self, "layers", tuple(self.layers))
         consts = self.constants.items() if isinstance(self.constants, Mapping) else self.constants
         object.__setattr__(
@@ -86,14 +91,14 @@ class MlpSpec:
         return self.layers[-1].n_out if self.layers else self.n_features
 
     @property
-    def output_type(self) -> str:
+    def output_type(self) -> FixedType:
         return self.layers[-1].result if self.layers else self.input_type
 
     def to_json(self) -> dict:
         d = {
             "kind": self.kind,
             "n_features": self.n_features,
-            "input_type": self.input_type,
+            "input_type": str(self.input_type),
             "reuse_factor": self.reuse_factor,
             "layers": [layer.to_json() for layer in self.layers],
             "constants": {k: list(v) for k, v in self.constants},
@@ -134,7 +139,7 @@ class MlpSpec:
                 out[f"{layer.name}.bias"] = (layer.n_in,)
         return out
 
-    def tensor_types(self) -> dict[str, str]:
+    def tensor_types(self) -> dict[str, FixedType]:
         """Name -> ap_types type of every resident tensor."""
         out = {}
         for layer in self.layers:
@@ -194,13 +199,9 @@ SPEC_SCHEMA = {
 
 
 def _type(layer: MlpLayer, role: str) -> FixedType:
-    text = getattr(layer, role)
-    if text is None:
+    t = getattr(layer, role)
+    if t is None:
         raise ValueError(f"layer {layer.name!r} ({layer.op}): missing {role} type")
-    try:
-        t = FixedType.parse(text)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"layer {layer.name!r}: {role} type {text!r}: {e}") from None
     if t.width > 62:
         raise ValueError(f"layer {layer.name!r}: {role} type {t} is wider than 62 bits (raw int64 arithmetic)")
     return t
@@ -225,7 +226,7 @@ def _da_layers(spec: MlpSpec) -> tuple[MlpLayer, ...]:
                                       np.asarray(w, dtype=np.int64).reshape(layer.n_in, layer.n_out), b)
                 except ValueError as e:
                     raise ValueError(f"layer {layer.name!r}: {e}") from None
-                if layer.accum is not None and FixedType.parse(layer.accum) != FixedType.parse(acc):
+                if layer.accum is not None and layer.accum != acc:
                     raise ValueError(
                         f"layer {layer.name!r}: accum {layer.accum} under strategy {DA!r}: hls4ml/da4ml accumulate "
                         f"exactly and ignore accum_t; omit it (it becomes {acc})"
@@ -243,7 +244,7 @@ def _check_spec(spec: MlpSpec) -> None:
         raise ValueError(f"reuse_factor must be an int >= 1, got {spec.reuse_factor!r}")
     if not spec.layers:
         raise ValueError("an MLP needs at least one layer")
-    prev = FixedType.parse(spec.input_type)
+    prev = spec.input_type
     width = spec.n_features
     names = set()
     for layer in spec.layers:
@@ -294,7 +295,7 @@ def _check_spec(spec: MlpSpec) -> None:
     for name, shape in shapes.items():
         if len(got[name]) != int(np.prod(shape)):
             raise ValueError(f"constant {name!r} must hold {int(np.prod(shape))} values for shape {list(shape)}, got {len(got[name])}")
-        FixedType.parse(types[name]).check_raw(np.asarray(got[name], dtype=np.int64), name)
+        types[name].check_raw(np.asarray(got[name], dtype=np.int64), name)
 
 
 # -- the kind ------------------------------------------------------------------------------------
@@ -394,7 +395,7 @@ def _fused():
     return _FUSED[0]
 
 
-def run_rows(input_type: str, layers: tuple[MlpLayer, ...], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+def run_rows(input_type: FixedType, layers: tuple[MlpLayer, ...], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """Float64 outputs [B, n_out] of float rows ``x``, bit for bit :func:`offload.sim.mlp.simulate`'s:
     the fused program (built once per ``layers`` tuple and ``tensors`` mapping, rebuilt if either
     changes) where numba is present and the model fits its int64 bounds, else the reference. Rows
@@ -448,7 +449,7 @@ def bind_rows(spec: MlpSpec, tensors: Mapping[str, np.ndarray], *, fp32: bool = 
 
 def golden_inputs(spec: MlpSpec, rng: np.random.Generator, case: int) -> dict[str, np.ndarray]:
     """Golden case ``case``: rows beyond the input type's range, extremes and rounding ties."""
-    t = FixedType.parse(spec.input_type)
+    t = spec.input_type
     lo, hi, lsb = t.min_float, t.max_float, t.lsb
     B = 4 + 2 * case
     # Beyond the input type's range by a quarter on each side: quantization's overflow mode is exercised.

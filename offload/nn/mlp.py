@@ -41,7 +41,6 @@ from offload.quant.ptq import (
     quant_report,
 )
 from offload.sim.errors import InputError
-from offload.sim.fixed import FixedType
 from offload.sim.mlp.strategy import DA, LATENCY, STRATEGIES
 
 __all__ = ["MLP", "SUPPORTED_LAYERS", "float_layers"]
@@ -297,9 +296,9 @@ class MLP(torch.nn.Module):
         if self.spec.strategy != DA:
             return fl.params
         layer = next(sl for sl in self.spec.layers if sl.name == fl.name)
-        out = {"weight": FixedType.parse(layer.weight).to_float(self._tensors[f"{fl.name}.weight"]).astype(np.float32)}
+        out = {"weight": layer.weight.to_float(self._tensors[f"{fl.name}.weight"]).astype(np.float32)}
         if layer.use_bias:
-            out["bias"] = FixedType.parse(layer.bias).to_float(self._tensors[f"{fl.name}.bias"]).astype(np.float32)
+            out["bias"] = layer.bias.to_float(self._tensors[f"{fl.name}.bias"]).astype(np.float32)
         return out
 
     def canonical_torch(self) -> torch.nn.Sequential:
@@ -351,7 +350,7 @@ class MLP(torch.nn.Module):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cfg = hls4ml.utils.config_from_pytorch_model(seq, input_shape=shape, granularity="name", backend="Vitis",
-                                                         default_precision=self.spec.input_type)
+                                                         default_precision=str(self.spec.input_type))
             ours = hls_config(self.spec, trace=trace)
             missing = set(ours["LayerName"]) - set(cfg["LayerName"])
             if missing:

@@ -119,10 +119,10 @@ def _int_bits(m: float, signed: bool) -> int:
     return i + 1 if signed else i
 
 
-def _fx(i: int, f: int, signed: bool = True, q: str = "AP_RND", o: str = "AP_SAT") -> str:
+def _fx(i: int, f: int, signed: bool = True, q: str = "AP_RND", o: str = "AP_SAT") -> FixedType:
     # AP_RND (ties up) rather than AP_RND_CONV: one adder on the card, no tie detection.
     w = max(1, i + f)
-    return str(FixedType(w, i if w == i + f else w - f, signed, q, o))
+    return FixedType(w, i if w == i + f else w - f, signed, q, o)
 
 
 def _check_type(text: Any) -> None:
@@ -241,13 +241,13 @@ def quant_report(layers, input_type, types, x, labels=None, *, metric_budget=Non
     steps = _run(layers, input_type, types, x, strategy)
     if strategy == DA:
         sim_layers, _ = build_layers(layers, types, input_type=input_type, strategy=strategy)
-        types = {fl.name: {**types[fl.name], **({"accum": sl.accum} if sl.op == "dense" else {})} for fl, sl in zip(layers, sim_layers)}
+        types = {fl.name: {**types[fl.name], **({"accum": str(sl.accum)} if sl.op == "dense" else {})} for fl, sl in zip(layers, sim_layers)}
     rows = []
     it = FixedType.parse(input_type)
-    rows.append(LayerRow("input", "input", float(x.min()), float(x.max()), {"result": input_type},
+    rows.append(LayerRow("input", "input", float(x.min()), float(x.max()), {"result": str(it)},
                          _cosine(steps[0][1], x), _sat_share(x, it)))
     for fl, f, (name, fx, t) in zip(layers, flo, steps[1:]):
-        shown = {k: v for k, v in types[fl.name].items() if k != "table_size"}
+        shown = {k: str(v) for k, v in types[fl.name].items() if k != "table_size"}
         if fl.op == "dense" and "bias" not in fl.params:
             shown.pop("bias", None)
         rows.append(LayerRow(fl.name, fl.op, float(f.min()), float(f.max()), shown, _cosine(fx, f), _sat_share(f, t)))
@@ -265,18 +265,19 @@ def _sat_share(f: np.ndarray, t: FixedType) -> float:
     return float(np.mean((f > t.max_float) | (f < t.min_float)))
 
 
-def _total_bits(layers, input_type, types) -> int:
-    """Cost proxy: multiplier operand bits (x bits times weight bits per MAC) plus stored widths."""
-    prev = FixedType.parse(input_type).width
+def _total_bits(layers, input_type: FixedType, types) -> int:
+    """Cost proxy: multiplier operand bits (x bits times weight bits per MAC) plus stored widths
+    (types as :func:`_types_for` gives them)."""
+    prev = input_type.width
     cost = prev * layers[0].n_in
     for fl in layers:
         t = types[fl.name]
         if fl.op == "dense":
-            cost += fl.n_in * fl.n_out * (prev + FixedType.parse(t["weight"]).width)
-            cost += fl.n_out * FixedType.parse(t["accum"]).width
+            cost += fl.n_in * fl.n_out * (prev + t["weight"].width)
+            cost += fl.n_out * t["accum"].width
         elif fl.op == "batchnorm":
-            cost += fl.n_in * (prev + FixedType.parse(t["scale"]).width)
-        res = FixedType.parse(t["result"]).width
+            cost += fl.n_in * (prev + t["scale"].width)
+        res = t["result"].width
         cost += fl.n_out * res
         prev = res
     return cost
@@ -321,17 +322,17 @@ def _plan(layers, x, flo) -> _Plan:
     return _Plan(in_i, res, par)
 
 
-def _types_for(layers, plan: _Plan, f_in: int, f_par: list[int], f_res: list[int], table_size: int) -> tuple[str, dict]:
+def _types_for(layers, plan: _Plan, f_in: int, f_par: list[int], f_res: list[int], table_size: int) -> tuple[FixedType, dict]:
     """The ap_types of the input and of every layer for given fraction bits, integer bits from ``plan``."""
-    input_type = _fx(plan.in_i, f_in)
+    prev = input_type = _fx(plan.in_i, f_in)
     types: dict[str, dict] = {}
-    prev = FixedType.parse(input_type)
     for k, fl in enumerate(layers):
         ri, rs = plan.res[k]
-        t: dict[str, Any] = {"result": _fx(ri, f_res[k], rs)}
+        rt = _fx(ri, f_res[k], rs)
+        t: dict[str, Any] = {"result": rt}
         if fl.op == "dense":
             wi, _ = plan.par[k]["weight"]
-            t["weight"] = _fx(wi, f_par[k])
+            t["weight"] = wt = _fx(wi, f_par[k])
             bi = plan.par[k].get("bias", (1, True))[0]
             t["bias"] = _fx(bi, f_par[k])
             # Accumulator: the products' fraction bits (no rounding) and the integer bits of the
@@ -339,7 +340,7 @@ def _types_for(layers, plan: _Plan, f_in: int, f_par: list[int], f_res: list[int
             w = np.abs(fl.params["weight"]).astype(np.float64)
             xmax = max(abs(prev.min_float), abs(prev.max_float))
             worst = float((xmax * w.sum(axis=0) + (np.abs(fl.params["bias"]) if "bias" in fl.params else 0.0)).max())
-            acc_f = prev.F + FixedType.parse(t["weight"]).F
+            acc_f = prev.F + wt.F
             acc_i = _int_bits(worst, True) + 1
             t["accum"] = _fx(acc_i, acc_f, True, "AP_TRN", "AP_WRAP")
         elif fl.op == "batchnorm":
@@ -351,7 +352,7 @@ def _types_for(layers, plan: _Plan, f_in: int, f_par: list[int], f_res: list[int
             t["table"] = _fx(2, max(f_res[k] + 2, 8))
             t["table_size"] = table_size
         types[fl.name] = t
-        prev = FixedType.parse(t["result"])
+        prev = rt
     return input_type, types
 
 
@@ -393,7 +394,7 @@ class _Fractions:
         bits[k] = f
         return replace(self, **{kind: tuple(bits)})
 
-    def types(self, layers, plan: _Plan, table_size: int) -> tuple[str, dict]:
+    def types(self, layers, plan: _Plan, table_size: int) -> tuple[FixedType, dict]:
         return _types_for(layers, plan, self.inp, list(self.par), list(self.res), table_size)
 
 
@@ -501,7 +502,7 @@ def _lower_fractions(layers, plan: _Plan, meets: _Constraints, widest: _Fraction
     return fr
 
 
-def _search_summary(layers, plan: _Plan, meets: _Constraints, widest: _Fractions, input_type: str, types: dict,
+def _search_summary(layers, plan: _Plan, meets: _Constraints, widest: _Fractions, input_type: FixedType, types: dict,
                     table_size: int, feasible: bool, strategy: str) -> dict[str, Any]:
     """What the report says of the search."""
     has_tables = any(fl.op in ("sigmoid", "tanh") for fl in layers)
@@ -568,4 +569,9 @@ def choose_precision(
     search = _search_summary(layers, plan, meets, widest, input_type, types, table_size, feasible, strategy)
     report = quant_report(layers, input_type, types, x, labels, metric_budget=budget, cos_threshold=cos_threshold, search=search,
                           strategy=strategy)
-    return input_type, types, report
+    return str(input_type), _as_text(types), report
+
+
+def _as_text(types: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
+    """Types by layer and role as ap_types text (``table_size`` kept), the form callers and reports take."""
+    return {name: {r: v if r == "table_size" else str(v) for r, v in t.items()} for name, t in types.items()}

@@ -54,7 +54,6 @@ import numpy as np
 
 from offload.sim.fixed import FixedType, add_type, mul_type
 from offload.sim.mlp.reference import TABLE_SPAN, MlpLayer, activation_table
-from offload.sim.mlp.reference import fixed_type as _ftype
 
 try:  # a core dependency; missing only in a broken install, where the reference still works
     import numba
@@ -251,20 +250,20 @@ class Program:
         return run
 
 
-def compile_program(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program | None:
+def compile_program(input_type: FixedType | str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program | None:
     """The program of a model, or None where the compiled path does not apply (see the module doc)."""
     try:
-        return _compile(input_type, layers, tensors)
+        return _compile(FixedType.parse(input_type), layers, tensors)
     except _Unsupported:
         return None
 
 
-def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program:
+def _compile(input_type: FixedType, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program:
     if not layers:
         raise _Unsupported("no layers")
-    t = _ftype(input_type)
+    t = input_type
     _type_ok(t)
-    if not 0 <= t.F <= 1000 or not -1000 <= _ftype(layers[-1].result).F <= 1000:
+    if not 0 <= t.F <= 1000 or not -1000 <= layers[-1].result.F <= 1000:
         raise _Unsupported("fraction bits out of range")
     head = np.zeros(_HEAD, dtype=np.int64)
     head[_H_N] = len(layers)
@@ -297,7 +296,7 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
         else:
             raise _Unsupported(f"op {layer.op!r}")
         recs.append(r)
-        t = _ftype(layer.result)
+        t = layer.result
     head[_H_WIDE] = wide
     arrays = []
     names = (f"{layer.name}.{role}" for layer in layers for role in ("weight", "bias", "scale"))
@@ -309,7 +308,7 @@ def _compile(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, 
     return Program(
         np.concatenate([head, *recs]),
         np.concatenate(data) if data else np.zeros(1, dtype=np.int64),
-        float(2.0 ** _ftype(input_type).F),
+        float(2.0 ** input_type.F),
         float(2.0 ** -t.F),  # t: the last layer's result type
         layers[-1].n_out,
         tuple(arrays),
@@ -323,12 +322,12 @@ def _dense(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put) ->
     the cast into result_t (B). The loop follows from the bounds: an exact accumulation (no
     rounding, no fit: what a strategy that ignores accum_t computes) is ``_D_PLAIN`` with A's fit
     ``_FIT_NONE`` and B cast from the exact sum's grid."""
-    wt, at, rt = _ftype(layer.weight), _ftype(layer.accum), _ftype(layer.result)
-    for tt in (wt, at, rt) + ((_ftype(layer.bias),) if layer.use_bias else ()):
+    wt, at, rt = layer.weight, layer.accum, layer.result
+    for tt in (wt, at, rt) + ((layer.bias,) if layer.use_bias else ()):
         _type_ok(tt)
     w = np.asarray(tensors[f"{layer.name}.weight"], dtype=np.int64)
     if layer.use_bias:
-        acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), _ftype(layer.bias))
+        acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), layer.bias)
     else:
         acc0 = np.zeros(layer.n_out, dtype=np.int64)
     pt = mul_type(xt, wt)
@@ -375,7 +374,7 @@ def _dense(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put) ->
 
 
 def _batchnorm(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put) -> tuple[int, int]:
-    st, bt, rt = _ftype(layer.scale), _ftype(layer.bias), _ftype(layer.result)
+    st, bt, rt = layer.scale, layer.bias, layer.result
     for tt in (st, bt, rt):
         _type_ok(tt)
     scale = np.asarray(tensors[f"{layer.name}.scale"], dtype=np.int64)
@@ -400,13 +399,13 @@ def _batchnorm(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put
 
 
 def _rect(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int) -> tuple[int, int]:
-    rt = _ftype(layer.result)
+    rt = layer.result
     if layer.op == "relu":
         r[_R_OP] = _OP_RELU
         block, lo2, hi2 = _cast_block(rt, xt, max(lo, 0), max(hi, 0))
         r[_R_B2:_R_B2 + _CAST_LEN] = block
         return lo2, hi2
-    ptype = _ftype(layer.param)
+    ptype = layer.param
     _type_ok(ptype)
     alpha = int(ptype.quantize(np.float64(layer.alpha)))
     pt = mul_type(ptype, xt)
@@ -422,7 +421,7 @@ def _rect(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int) -> tuple[int, int
 
 
 def _table(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, put) -> tuple[int, int]:
-    rt, tt = _ftype(layer.result), _ftype(layer.table)
+    rt, tt = layer.result, layer.table
     _type_ok(rt)
     _type_ok(tt)
     n, span = int(layer.table_size), TABLE_SPAN[layer.op]
@@ -483,7 +482,7 @@ def _current(arrays, tensors) -> bool:
     return True
 
 
-def program_for(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program | None:
+def program_for(input_type: FixedType | str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray]) -> Program | None:
     """The cached program of this (layers tuple, tensors mapping), rebuilt when either changed;
     None where numba is missing or the model leaves the compiled path."""
     if _NUMBA is None:

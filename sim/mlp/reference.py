@@ -44,25 +44,29 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from offload.sim.errors import FormatError
 from offload.sim.fixed import FixedType, accumulate, add, mul
 
-__all__ = ["OPS", "TABLE_SPAN", "MlpLayer", "fixed_type", "activation_table", "forward", "simulate", "quantize_like_hls4ml"]
+__all__ = ["OPS", "TABLE_SPAN", "TYPE_ROLES", "MlpLayer", "activation_table", "forward", "simulate", "quantize_like_hls4ml"]
 
 OPS = ("dense", "batchnorm", "relu", "leaky_relu", "sigmoid", "tanh")
 # Width of the table's input range: sigmoid's table spans [-8, 8), tanh's [-4, 4) (nnet_activation.h).
 TABLE_SPAN = {"sigmoid": 16, "tanh": 8}
+# The roles a layer's types play (hls4ml's Precision keys), in the order hls4ml lists them.
+TYPE_ROLES = ("weight", "bias", "accum", "scale", "param", "table", "result")
 # Products per block of rows in a dense layer: bounds the B x n_in x n_out product array's memory.
 _ROW_BLOCK_ELEMS = 1 << 18
 
 
 @dataclass(frozen=True)
 class MlpLayer:
-    """One layer of the datapath with its ap_types type strings.
+    """One layer of the datapath with its ap_types types (:class:`FixedType`; text such as
+    ``"ap_fixed<16,6>"`` is parsed once, when the layer is built).
 
     ``op`` is one of :data:`OPS`. Dense layers use ``weight``/``bias``/``accum``; batchnorm
     ``scale``/``bias``; leaky_relu ``param`` (the type of ``alpha``); sigmoid/tanh ``table`` and
@@ -74,37 +78,46 @@ class MlpLayer:
     op: str
     n_in: int
     n_out: int
-    result: str
-    weight: str | None = None
-    bias: str | None = None
-    accum: str | None = None
-    scale: str | None = None
-    param: str | None = None
+    result: FixedType
+    weight: FixedType | None = None
+    bias: FixedType | None = None
+    accum: FixedType | None = None
+    scale: FixedType | None = None
+    param: FixedType | None = None
     alpha: float | None = None
-    table: str | None = None
+    table: FixedType | None = None
     table_size: int | None = None
     use_bias: bool = True
 
+    def __post_init__(self) -> None:
+        for role in TYPE_ROLES:
+            v = getattr(self, role)
+            if v is not None and not isinstance(v, FixedType):
+                try:
+                    t = FixedType.parse(v)
+                except (TypeError, ValueError) as e:
+                    raise FormatError(f"layer {self.name!r}: {role} type {v!r}: {e}") from None
+                object.__setattr__(self, role, t)
+
     def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """The layer as JSON, each type as its ap_types text."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = str(v) if isinstance(v, FixedType) else v
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping) -> "MlpLayer":
         return cls(**dict(d))
 
-    def types(self) -> dict[str, str]:
-        """The layer's type strings by role (only the roles it has)."""
-        roles = ("weight", "bias", "accum", "scale", "param", "table", "result")
-        out = {r: getattr(self, r) for r in roles if getattr(self, r) is not None}
+    def types(self) -> dict[str, FixedType]:
+        """The layer's types by role (only the roles it has)."""
+        out = {r: getattr(self, r) for r in TYPE_ROLES if getattr(self, r) is not None}
         if self.op == "dense" and not self.use_bias:
             out.pop("bias", None)
         return out
-
-
-@functools.lru_cache(maxsize=4096)
-def fixed_type(text: str) -> FixedType:
-    """``FixedType.parse(text)``, cached: a layer's types are parsed on every call."""
-    return FixedType.parse(text)
 
 
 # -- weights -------------------------------------------------------------------------------------
@@ -151,17 +164,17 @@ def _float_table(op: str, n: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _table_raw(op: str, n: int, table: str) -> np.ndarray:
-    raw = fixed_type(table).quantize(_float_table(op, n).astype(np.float64))
+def _table_raw(op: str, n: int, table: FixedType) -> np.ndarray:
+    raw = table.quantize(_float_table(op, n).astype(np.float64))
     raw.setflags(write=False)
     return raw
 
 
-def activation_table(op: str, table_size: int, table: str) -> np.ndarray:
+def activation_table(op: str, table_size: int, table: FixedType | str) -> np.ndarray:
     """Raw ``table_t`` contents of hls4ml's sigmoid/tanh lookup table."""
     if op not in TABLE_SPAN:
         raise ValueError(f"op {op!r} has no lookup table (sigmoid, tanh do)")
-    return _table_raw(op, int(table_size), str(fixed_type(table)))
+    return _table_raw(op, int(table_size), FixedType.parse(table))
 
 
 def _wrap32(v: np.ndarray) -> np.ndarray:
@@ -194,12 +207,10 @@ def _table_index(x: np.ndarray, xt: FixedType, op: str, n: int) -> np.ndarray:
 
 # -- layers --------------------------------------------------------------------------------------
 def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
-    wt = fixed_type(layer.weight)
-    at = fixed_type(layer.accum)
-    rt = fixed_type(layer.result)
+    wt, at, rt = layer.weight, layer.accum, layer.result
     w = np.asarray(tensors[f"{layer.name}.weight"], dtype=np.int64)  # [n_in, n_out]
     if layer.use_bias:
-        acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), fixed_type(layer.bias))  # acc = (accum_t)bias
+        acc0 = at.cast(np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), layer.bias)  # acc = (accum_t)bias
     else:
         acc0 = np.zeros(layer.n_out, dtype=np.int64)
     n_in, n_out = w.shape
@@ -215,31 +226,29 @@ def _dense(x: np.ndarray, xt: FixedType, layer: MlpLayer, tensors: Mapping[str, 
 
 
 def _batchnorm(x, xt, layer, tensors):
-    st = fixed_type(layer.scale)
-    bt = fixed_type(layer.bias)
-    rt = fixed_type(layer.result)
+    st, bt, rt = layer.scale, layer.bias, layer.result
     prod, pt = mul(x, xt, np.asarray(tensors[f"{layer.name}.scale"], dtype=np.int64), st)
     s, sumt = add(prod, pt, np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64), bt)
     return rt.cast(s, sumt)
 
 
 def _activation(x, xt, layer):
-    rt = fixed_type(layer.result)
+    rt = layer.result
     if layer.op == "relu":
         return np.where(x > 0, rt.cast(x, xt), 0).astype(rt.raw_dtype, copy=False)
     if layer.op == "leaky_relu":
-        ptype = fixed_type(layer.param)
+        ptype = layer.param
         alpha = ptype.quantize(np.float64(layer.alpha))
         prod, pt = mul(np.broadcast_to(alpha, x.shape), ptype, x, xt)
         return np.where(x > 0, rt.cast(x, xt), rt.cast(prod, pt)).astype(rt.raw_dtype, copy=False)
     n = int(layer.table_size)
     table = activation_table(layer.op, n, layer.table)
     idx = _table_index(x, xt, layer.op, n)
-    return rt.cast(table[idx], fixed_type(layer.table))
+    return rt.cast(table[idx], layer.table)
 
 
 def forward(
-    input_type: str,
+    input_type: FixedType | str,
     layers: Sequence[MlpLayer],
     tensors: Mapping[str, np.ndarray],
     x: np.ndarray,
@@ -251,7 +260,7 @@ def forward(
     With ``trace=True`` also returns ``[(layer name, raw output, type), ...]`` for every layer,
     the input quantization first (named ``"input"``).
     """
-    t = fixed_type(input_type)
+    t = FixedType.parse(input_type)
     v = t.quantize(np.asarray(x, dtype=np.float64))
     steps = [("input", v, t)] if trace else []
     for layer in layers:
@@ -263,14 +272,14 @@ def forward(
             v = _activation(v, t, layer)
         else:
             raise ValueError(f"layer {layer.name!r}: unknown op {layer.op!r}; supported: {', '.join(OPS)}")
-        t = fixed_type(layer.result)
+        t = layer.result
         if trace:
             steps.append((layer.name, v, t))
     return (v, steps) if trace else v
 
 
-def simulate(input_type: str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+def simulate(input_type: FixedType | str, layers: Sequence[MlpLayer], tensors: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """Float64 outputs [B, n_out] of float64 rows ``x``: :func:`forward`'s last raw values as
     doubles, bit for bit what hls4ml's C-simulation ``predict`` returns."""
-    last = fixed_type(layers[-1].result if layers else input_type)
+    last = layers[-1].result if layers else FixedType.parse(input_type)
     return last.to_float(forward(input_type, layers, tensors, x))

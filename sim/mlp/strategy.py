@@ -45,8 +45,8 @@ DA_MAX_CONST_F = 32
 _MAX_ACC_BITS = 62  # the simulator's raw int64 datapath
 
 
-def exact_accum(input_type: str | FixedType, weight: str | FixedType, bias: str | FixedType | None,
-                w_raw: np.ndarray, b_raw: np.ndarray | None) -> str:
+def exact_accum(input_type: FixedType, weight: FixedType, bias: FixedType | None,
+                w_raw: np.ndarray, b_raw: np.ndarray | None) -> FixedType:
     """The narrowest signed ``ap_fixed`` holding every ``x . w + b`` exactly for inputs of ``input_type``.
 
     Its fraction bits are the product's (or the bias's, if finer) and its range covers the worst
@@ -54,12 +54,12 @@ def exact_accum(input_type: str | FixedType, weight: str | FixedType, bias: str 
     sums into it never rounds and never overflows (AP_TRN / AP_WRAP: the cheapest modes, never hit).
     Raises ``ValueError`` when that type is wider than the simulator's 62-bit raw datapath.
     """
-    xt, wt = FixedType.parse(input_type), FixedType.parse(weight)
+    xt, wt = input_type, weight
     pt = mul_type(xt, wt)
     f = pt.F
     bt = None
     if bias is not None and b_raw is not None:
-        bt = FixedType.parse(bias)
+        bt = bias
         f = max(f, bt.F)
     xmax = max(abs(xt.min_raw), abs(xt.max_raw))
     w = np.abs(np.asarray(w_raw, dtype=object))  # Python ints: the bound itself is exact
@@ -70,7 +70,7 @@ def exact_accum(input_type: str | FixedType, weight: str | FixedType, bias: str 
     width = worst.bit_length() + 1  # signed: -2**(W-1) .. 2**(W-1) - 1 holds +-worst
     if width > _MAX_ACC_BITS:
         raise ValueError(f"an exact accumulator needs {width} bits, beyond the {_MAX_ACC_BITS}-bit datapath")
-    return str(FixedType(width, width - f, True, "AP_TRN", "AP_WRAP"))
+    return FixedType(width, width - f, True, "AP_TRN", "AP_WRAP")
 
 
 def check_da_constant(t: FixedType, what: str) -> None:
@@ -80,9 +80,9 @@ def check_da_constant(t: FixedType, what: str) -> None:
                          f"and {DA_MAX_CONST_F} fraction bits (da4ml reads weights as float32)")
 
 
-def with_exact_accum(input_type: str, layers, tensors: Mapping[str, np.ndarray]):
+def with_exact_accum(input_type: FixedType | str, layers, tensors: Mapping[str, np.ndarray]):
     """``layers`` with every dense layer's ``accum`` replaced by :func:`exact_accum` (DA's semantics)."""
-    out, prev = [], input_type
+    out, prev = [], FixedType.parse(input_type)
     for layer in layers:
         if layer.op == "dense":
             b = tensors.get(f"{layer.name}.bias") if layer.use_bias else None

@@ -123,7 +123,7 @@ def test_from_float_strategy_attribute_and_errors():
         if layer.op == "dense":
             assert FixedType.parse(layer.accum).width > 12
     shown = {row.name: row.types for row in da.report.layers}
-    assert shown["fc0"]["accum"] == da.spec.layers[0].accum
+    assert shown["fc0"]["accum"] == str(da.spec.layers[0].accum)
     with pytest.raises(InputError, match=r"precision\['fc0'\]\['accum'\].*exact"):
         offload.nn.MLP.from_float(seq, precision={"default": "ap_fixed<12,4>", "fc0": {"accum": "ap_fixed<20,8>"}},
                                   n_features=6, strategy=DA, device="sim")
@@ -148,7 +148,7 @@ def test_auto_precision_searches_with_da():
     assert min(r.cosine for r in rows.values()) >= 0.999
     for layer in da.spec.layers:
         if layer.op == "dense":
-            assert rows[layer.name].types["accum"] == layer.accum
+            assert rows[layer.name].types["accum"] == str(layer.accum)
     _, steps = forward(da.spec.input_type, da.spec.layers, da.spec.tensors(), x, trace=True)
     t = da.spec.tensors()
     np.testing.assert_array_equal(steps[1][1], _exact_dense_oracle(steps[0][1], steps[0][2], da.spec.layers[0], t))

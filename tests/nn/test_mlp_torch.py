@@ -107,9 +107,9 @@ def test_per_layer_precision_dict_reaches_the_spec():
             "fc4": {"accum": "ap_fixed<20,8,AP_TRN,AP_SAT>"}, "tanh5": {"table_size": 512}}
     m = offload.nn.MLP.from_float(seq, precision=prec, n_features=6, reuse_factor=2)
     layers = {layer.name: layer for layer in m.spec.layers}
-    assert m.spec.input_type == "ap_fixed<10,4,AP_RND,AP_SAT>"
-    assert layers["fc4"].accum == "ap_fixed<20,8,AP_TRN,AP_SAT>" and layers["fc4"].weight == "ap_fixed<12,5>"
-    assert layers["tanh5"].table_size == 512 and layers["tanh5"].table == "ap_fixed<18,8>"
+    assert str(m.spec.input_type) == "ap_fixed<10,4,AP_RND,AP_SAT>"
+    assert str(layers["fc4"].accum) == "ap_fixed<20,8,AP_TRN,AP_SAT>" and str(layers["fc4"].weight) == "ap_fixed<12,5>"
+    assert layers["tanh5"].table_size == 512 and str(layers["tanh5"].table) == "ap_fixed<18,8>"
     assert m.spec.reuse_factor == 2
 
 

@@ -108,7 +108,7 @@ def test_report_prints_and_saves(data, tmp_path):
     for col in ("observed min", "accum", "cosine", "saturated", "fc0", "sigmoid5", "max_abs_error"):
         assert col in text
     saved = json.loads(mlp.report.save_json(tmp_path / "q.json").read_text())
-    assert saved["layers"][1]["types"]["weight"] == mlp.spec.layers[0].weight
+    assert saved["layers"][1]["types"]["weight"] == str(mlp.spec.layers[0].weight)
     png = mlp.report.save_png(tmp_path / "q.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
