@@ -101,7 +101,10 @@ class MovieLensResult:
     def summary(self) -> str:
         b = self.report.budget or {}
         held = "" if not b else f"held-out users' {b['metric']} {b['measured']:.4g} (limit {b['limit']}); "
-        return (f"MovieLens-100k DLRM: {len(self.report.offloaded)} of {len(self.report.decisions)} candidates offloaded; {held}"
+        cands = [d for d in self.report.decisions if d.kind in ("embedding_bag", "embedding", "mlp")]
+        host = [f"{d.node} ({d.kind})" for d in self.report.decisions if not d.offloaded]
+        kept = f" (on the host: {', '.join(host)})" if host else ""
+        return (f"MovieLens-100k DLRM: {sum(d.offloaded for d in cands)} of {len(cands)} candidates offloaded{kept}; {held}"
                 f"AUC float {self.auc_float:.4f} -> offloaded {self.auc_offload:.4f} (drop {self.auc_drop:.4f}) on "
                 f"{self.n_test} ratings of test users")
 

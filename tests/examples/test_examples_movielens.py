@@ -44,6 +44,12 @@ def test_everything_offloaded_within_the_budget():
     res = run(budget={"auc_drop": 0.002})
     b = res.report.budget
     assert b["met"] and b["measured"] <= 0.002
-    assert all(d.offloaded for d in res.report.decisions)  # tables and both MLP chains
+    from offload.partition.find import SCORE_SIGMOID_REASON
+
+    cands = [d for d in res.report.decisions if d.kind in ("embedding_bag", "mlp")]
+    assert len(cands) == 7 and all(d.offloaded for d in cands)  # five tables and both MLP chains
+    # the output sigmoid, all that stays on the host, with why
+    assert [(d.kind, d.reason) for d in res.report.decisions if not d.offloaded] == [("sigmoid", SCORE_SIGMOID_REASON)]
+    assert "7 of 7 candidates offloaded (on the host: top_5 (sigmoid))" in res.summary()
     assert {u.kind for u in res.report.search.units} == {"embedding_bag", "mlp"}
     assert res.auc_drop <= 0.002, (res.auc_float, res.auc_offload)  # users neither calibration nor the search saw
