@@ -191,3 +191,45 @@ def test_a_hot_table_is_cut_for_its_traffic_not_only_its_bytes():
 def test_duplicate_names_are_named_and_only_they():
     with pytest.raises(InputError, match=r"duplicate names \['x'\]"):
         P.shard([P.Table("x", 5, 4), P.Table("y", 5, 4), P.Table("x", 6, 4)], U50)
+
+
+def test_batch_size_one_is_the_smallest_accepted():
+    assert P.shard([P.Table("t", 100, 8)], U50, batch_size=1).batch_size == 1
+    with pytest.raises(InputError, match="batch_size"):
+        P.shard([P.Table("t", 100, 8)], U50, batch_size=0)
+
+
+def test_row_pieces_of_a_long_table_end_at_its_last_row():
+    # The hot first bucket uses up the share of a piece early, so the cuts reach the last row
+    # before the piece count runs out; past 256 rows (where Python's small ints end) as well.
+    for rows in (64, 640):
+        shards = _row_pieces([63.0] + [1.0] * 63, rows=rows)
+        assert shards[-1].row1 == rows and all(s.row1 <= rows for s in shards)
+
+
+def _fragmented(topo, fills, big_cons):
+    # Hot table-wise tables leave each channel 56 MiB; a cold 1.5 GiB table's pieces do not fit
+    # that, so it fails the first pass and is placed afterwards, cut where free space ends.
+    big = P.Table("big", 1500 * 2**20 // RB, 64, pooling_factor=0.01)
+    cons = {f.name: c for f, c in fills} | {"big": big_cons}
+    plan = P.shard([f for f, _ in fills] + [big], topo, cons, onchip_max_bytes=0)
+    _within_capacity(plan)
+    shards = plan.table("big").shards
+    assert sum(s.row1 - s.row0 for s in shards) == big.rows
+    return plan.table("big")
+
+
+def test_the_fall_back_keeps_a_table_row_wise_table_on_one_host():
+    fills = [(P.Table(f"f{i:02d}", 200 * 2**20 // RB, 64, pooling_factor=100.0), {"sharding": "table_wise"}) for i in range(32)]
+    big = _fragmented(U50, fills, {"sharding": "table_row_wise"})
+    assert big.sharding == "table_row_wise" and {s.host for s in big.shards} == {0}
+
+
+def test_the_fall_back_puts_rows_on_the_least_busy_host():
+    # Both hosts fragmented alike, host 1's tables colder: the fall-back starts with host 1 and
+    # finds room there.
+    topo = P.Topology.uniform("u50", hosts=2, cards_per_host=1)
+    fills = [(P.Table(f"h{h}f{i:02d}", 200 * 2**20 // RB, 64, pooling_factor=100.0 if h == 0 else 10.0),
+              {"sharding": "table_wise", "card": (h, 0)}) for h in (0, 1) for i in range(32)]
+    big = _fragmented(topo, fills, {})
+    assert {s.host for s in big.shards} == {1}
