@@ -233,3 +233,68 @@ def test_the_fall_back_puts_rows_on_the_least_busy_host():
               {"sharding": "table_wise", "card": (h, 0)}) for h in (0, 1) for i in range(32)]
     big = _fragmented(topo, fills, {})
     assert {s.host for s in big.shards} == {1}
+
+
+def test_a_bank_in_use_can_beat_an_empty_one_on_bytes():
+    # U280: 32 HBM channels of 256 MiB and two 16 GiB DDR banks. For three small hot tables an
+    # empty channel's bytes term (its share against the even fill) is far above a DDR bank's time
+    # term, even a DDR bank already serving a table, so the third table joins one.
+    topo = P.Topology.uniform("u280", onchip_share=0.0)
+    tabs = [P.Table(f"t{i}", 1000, 64, pooling_factor=3.0) for i in range(3)]
+    plan = P.shard(tabs, topo, {t.name: {"sharding": "table_wise"} for t in tabs})
+    assert [s.kind for t in plan.tables for s in t.shards] == ["DDR"] * 3
+    assert sorted(s.bank for t in plan.tables for s in t.shards) == [0, 0, 1]
+
+
+_FILLS = [(P.Table(f"f{i:02d}", 200 * 2**20 // RB, 64, pooling_factor=100.0), {"sharding": "table_wise"}) for i in range(32)]
+_FREE_ROWS = (HBM[0].bytes - 200 * 2**20) // RB  # what a fill leaves in its channel: 56 MiB
+
+
+def _after_fills(table, cons, **kw):
+    plan = P.shard([f for f, _ in _FILLS] + [table], U50, {f.name: c for f, c in _FILLS} | {table.name: cons}, onchip_max_bytes=0, **kw)
+    _within_capacity(plan)
+    return plan.table(table.name)
+
+
+def test_rows_that_exactly_fill_every_bank_left_are_placed():
+    exact = _after_fills(P.Table("x", 32 * _FREE_ROWS, 64, pooling_factor=0.01), {"sharding": "row_wise"})
+    assert sum(s.row1 - s.row0 for s in exact.shards) == 32 * _FREE_ROWS and len(exact.shards) == 32
+    with pytest.raises(P.PlanError, match="'x'"):
+        _after_fills(P.Table("x", 32 * _FREE_ROWS + 1, 64, pooling_factor=0.01), {"sharding": "row_wise"})
+
+
+def test_the_fall_back_cuts_a_table_no_bank_holds_whole_in_two():
+    # 100 MiB needs one piece for its bytes, but no channel has 100 MiB left: the whole-table try
+    # fails again in the fall-back, which then cuts it in two halves that fit.
+    mid = _after_fills(P.Table("mid", 100 * 2**20 // RB, 64, pooling_factor=0.0), {})
+    assert len(mid.shards) == 2 and mid.sharding == "row_wise"
+
+
+def test_column_cuts_double_until_the_pieces_fit():
+    # 300 MiB column-wise: halves (150 MiB) and quarters (75) do not fit 56 MiB, eighths (37.5) do.
+    col = _after_fills(P.Table("c", 300 * 2**20 // RB, 64, pooling_factor=0.0), {"sharding": "column_wise"})
+    assert col.sharding == "column_wise" and sorted(s.col1 - s.col0 for s in col.shards) == [8] * 8
+
+
+def test_banks_are_counted_per_host_on_an_uneven_topology():
+    # Host 0 has one card (32 channels), host 1 two (64). 'a' takes 5 % of the traffic, so it is
+    # cut into 40 pieces: only host 1 has a bank for each, and it holds them all.
+    topo = P.Topology(hosts=[["u50"], ["u50", "u50"]], onchip_share=0.0)
+    a = P.Table("a", 4000, 64, pooling_factor=5.0)
+    b = P.Table("b", 2**20, 64, pooling_factor=95.0)
+    plan = P.shard([a, b], topo)
+    assert len(plan.table("a").shards) == 40 and {s.host for s in plan.table("a").shards} == {1}
+
+
+def test_tables_that_failed_the_first_pass_are_placed_again_largest_first():
+    # Both fail the first pass (56 MiB left a channel). The larger, column-wise, goes first: its 32
+    # column pieces of 31.25 MiB need 32 channels with that much room; the row-wise one then fills
+    # what is left. The other way round (or by name), the rows would leave too few such channels.
+    topo_tabs = [f for f, _ in _FILLS]
+    col = P.Table("zcol", 1000 * 2**20 // RB, 64, pooling_factor=0.0)
+    rows = P.Table("arows", 700 * 2**20 // RB, 64, pooling_factor=0.0)
+    cons = {f.name: c for f, c in _FILLS} | {"zcol": {"sharding": "column_wise"}, "arows": {"sharding": "row_wise"}}
+    plan = P.shard(topo_tabs + [rows, col], U50, cons, onchip_max_bytes=0)
+    _within_capacity(plan)
+    assert plan.table("zcol").sharding == "column_wise" and len(plan.table("zcol").shards) == 32
+    assert sum(s.row1 - s.row0 for s in plan.table("arows").shards) == rows.rows
