@@ -591,10 +591,11 @@ class XrtDevice(BufferedDevice):
                 if got == "abandoned":
                     raise DeviceError(f"{what}: request {n} was not answered: its ring was abandoned ({ring.dead})")
                 if got == "timeout":
-                    late = f"{what}: request {n} was not answered within {timeout:g} s; the compute unit is marked hung and its ring abandoned"
+                    why = f"request {n} was not answered within {timeout:g} s; the compute unit is marked hung and its ring abandoned"
                 else:  # the loop's run ended without the stop word: it will answer nothing more
-                    late = f"{what}: its loop ended ({got}) without answering request {n}; its ring is abandoned"
-                self._abandon(ring, late.split(": ", 1)[1])
+                    why = f"its loop ended ({got}) without answering request {n}; its ring is abandoned"
+                late = f"{what}: {why}"
+                self._abandon(ring, why)
                 err = DeviceTimeout if got == "timeout" else DeviceError
                 try:
                     self._ring_hung(loaded)

@@ -119,3 +119,16 @@ def test_close_drains_the_calls_waiting_for_their_turn(sim):
         assert_same(r, sim.run(hs, inputs[i]))
     assert not _state(dev, h).ring.thread.is_alive()
     np.testing.assert_equal(dev.info().details["ring"]["resets"], 0)
+
+
+def test_ring_sizes_past_the_small_int_cache_are_compared_by_value(tmp_path, sim):
+    from offload.host.bundle import RingSize, load, save
+
+    k = sa.make_kernel("a", n=4)
+    b = load(save([k], tmp_path / "b.offload", rings={"a": RingSize(300, 1)}))
+    dev = EmuDevice("emu", "persistent", ring_slots=int("300"))  # equal to the manifest's, another object
+    h = dev.load_bundle(b)["a"]
+    inp = sa.make_inputs(n=4, batch=1)
+    assert_same(dev.run(h, inp), sim.run(sim.load(k), inp))
+    assert dev.info().details["ring"]["kernels"] == {"a": {"slots": 300, "rows": 1}}
+    dev.close()
