@@ -73,7 +73,8 @@ TableFormat = Union[FixedType, RowwiseInt8]
 
 def table_format(fmt: "str | TableFormat", param_type: "str | FixedType | None" = None, *, what: str = "fmt") -> TableFormat:
     """The format object of ``fmt`` (an ap_types type, ``"int8_rowwise"`` or an object already);
-    ``param_type`` is the row-wise scale/bias type. Raises :class:`FormatError` naming ``what``."""
+    ``param_type`` is the row-wise scale/bias type. Raises :class:`FormatError`: the parser's
+    message, then ``what`` and the field."""
     if isinstance(fmt, (FixedType, RowwiseInt8)) and param_type is None:
         return fmt
     pt = None
@@ -81,7 +82,7 @@ def table_format(fmt: "str | TableFormat", param_type: "str | FixedType | None" 
         try:
             pt = FixedType.parse(param_type)
         except ValueError as e:
-            raise FormatError(f"{what}: param_type: {e}") from None
+            raise FormatError(f"{e} ({what}: param_type)") from None
     if isinstance(fmt, RowwiseInt8) or fmt == ROWWISE:
         if pt is None:
             raise FormatError(f"{what}: int8_rowwise needs param_type (the scale/bias ap_fixed)")
@@ -91,4 +92,4 @@ def table_format(fmt: "str | TableFormat", param_type: "str | FixedType | None" 
     try:
         return FixedType.parse(fmt)
     except ValueError as e:
-        raise FormatError(f"{what}: {e} (or {ROWWISE!r})") from None
+        raise FormatError(f"{e} ({what}: fmt, an ap_types type or {ROWWISE!r})") from None
