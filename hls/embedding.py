@@ -4,10 +4,22 @@ The loop body is the generic ``hls/src/offload_embedding.h``; what changes per m
 dims, padding rows, formats, m_axi bundles) is written here as a constants header, so no C++ is
 edited by hand per model.
 
+A table held on chip (:attr:`TableSpec.onchip`, see :func:`offload.kernels.embedding.hold_on_chip`)
+has no port: its raw contents are a ``static const`` array in the top function, which Vitis HLS
+builds as a ROM initialised in the bitstream (UG1399, "Implementing ROMs" and "Array
+Initialization"), bound to block RAM or UltraRAM by ``#pragma HLS bind_storage variable=tableN
+type=rom_2p impl=bram|uram`` written in the body of the function that defines the array (UG1399,
+"pragma HLS bind_storage"). The contents are part of the spec, so of the kernel's name. Two
+ports (rom_2p): the pipelined element loop may read two elements a cycle. A card takes on-chip
+tables up to its BRAM36 / URAM block count (:func:`check_onchip`). UltraScale+ UltraRAM has no
+initial-content attribute (UG573's UltraRAM attributes; initialisation came with Versal,
+UG1273), so a URAM ROM on these cards relies on what Vitis HLS makes of it for the part: BRAM is
+the memory that is initialised in the bitstream on every card here.
+
 Top function ABI (every pointer is a plain integer array; no ap_fixed crosses the ABI)::
 
     void offload_embedding_<hash>(
-        const <store> *table0, [const <pstore> *params0,]   // per table, resident, bundle of the table
+        const <store> *table0, [const <pstore> *params0,]   // per off-chip table, resident, bundle of the table
         ...,
         const int64_t *indices, const int64_t *offsets,     // input, bundle gmem_io
         const <wstore> *per_sample_weights,                  // input (raw weight_type; dummy if unweighted)
@@ -26,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -37,7 +50,8 @@ from offload.kernels.embedding import EmbeddingSpec, TableSpec, container_dtype
 from offload.sim.fixed import FixedType
 from offload.sim.errors import FormatError, InputError
 
-__all__ = ["top_name", "sources", "top_args", "pack_resident", "pack_inputs", "unpack_outputs", "placement", "table_bundle", "HLS_KIND"]
+__all__ = ["top_name", "sources", "top_args", "pack_resident", "pack_inputs", "unpack_outputs", "placement", "table_bundle",
+           "onchip_blocks", "check_onchip", "OnChipBudgetError", "HLS_KIND"]
 
 _MODES = {"sum": 0, "mean": 1, "max": 2}
 _CTYPE = {
@@ -49,6 +63,16 @@ IO_BUNDLE = "gmem_io"
 # "Multi-Access Pointers and RTL Simulation": cosim reads past an undeclared depth and stalls or
 # fails). The catalogue's golden vectors hold 12 bags per table; hardware ignores depth.
 COSIM_BAGS = 64
+# Block shapes (depth, bits) each on-chip memory can take (UG573): a URAM288 is 4K x 72 bits; a
+# RAMB36E2 is 36 Kb as 32K x 1 up to 512 x 72 (simple dual port), parity bits counted. The card
+# counts (BRAM36, URAM) are hls/cards.py's.
+_SHAPES = {"uram": ((4096, 72),),
+           "bram": ((32768, 1), (16384, 2), (8192, 4), (4096, 9), (2048, 18), (1024, 36), (512, 72))}
+_BLOCK_NAME = {"uram": "URAM", "bram": "BRAM36"}
+
+
+class OnChipBudgetError(InputError):
+    """An on-chip table (with the kernel's others in the same memory) needs more blocks than the card has."""
 
 
 def _cpp_type(t: FixedType) -> str:
@@ -74,6 +98,51 @@ def _param_dtype(ts: TableSpec) -> np.dtype:
     return ts.fmt.params_dtype if ts.rowwise else np.dtype(np.int8)
 
 
+def _blocks(depth: int, bits: int, memory: str) -> int:
+    return min(math.ceil(bits / w) * math.ceil(depth / d) for d, w in _SHAPES[memory])
+
+
+def onchip_blocks(ts: TableSpec, memory: str | None = None) -> int:
+    """Blocks of ``memory`` (``"bram"``: BRAM36, ``"uram"``; default the table's own on-chip
+    memory) a table's ROMs take: the codes (``rows * dim`` words of the storage container's width)
+    and a row-wise table's params (``2 * rows`` words), each array in the block shape that needs
+    fewest."""
+    mem = memory or (ts.onchip.memory if ts.onchip is not None else None)
+    if mem not in _SHAPES:
+        raise InputError(f"table {ts.name!r}: memory must be one of {sorted(_SHAPES)} (or the table on chip), got {mem!r}")
+    n = _blocks(ts.num_rows * ts.dim, 8 * ts.storage_dtype().itemsize, mem)
+    if ts.rowwise:
+        n += _blocks(2 * ts.num_rows, 8 * _param_dtype(ts).itemsize, mem)
+    return n
+
+
+def check_onchip(spec: EmbeddingSpec, card: str | Card, used: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Refuse a kernel whose on-chip tables need more BRAM36 or URAM blocks than ``card`` has
+    (:class:`OnChipBudgetError`, naming the table that crosses the limit, its bytes and the limit).
+    ``used``: blocks (``{"bram": n, "uram": m}``) the card's other kernels already take; returns
+    the blocks taken with this kernel's.
+
+    Example: ``check_onchip(spec, "u55c")`` -> ``{"bram": 3, "uram": 0}``
+    """
+    card = get_card(card)
+    have = {"bram": card.bram36, "uram": card.uram}
+    used = {m: int((used or {}).get(m, 0)) for m in have}
+    for ts in spec.tables:
+        if ts.onchip is None:
+            continue
+        mem = ts.onchip.memory
+        n = onchip_blocks(ts)
+        used[mem] += n
+        if used[mem] > have[mem]:
+            unit = _BLOCK_NAME[mem]
+            block_bytes = max(d * w for d, w in _SHAPES[mem]) // 8  # with the parity bits: 36 Kb, 288 Kb
+            others = f" after the {used[mem] - n} other tables take" if used[mem] > n else ""
+            raise OnChipBudgetError(
+                f"table {ts.name!r}: {ts.bytes()} bytes on chip take {n} {unit} blocks{others}; card {card.name} has "
+                f"{have[mem]} {unit} blocks ({have[mem] * block_bytes} bytes)")
+    return used
+
+
 def _check_hls(spec: EmbeddingSpec) -> None:
     # The C++ top walks one bag group per table; shared tables (feature_table_map) run on the sim device only.
     if spec.feature_table_map is not None:
@@ -91,6 +160,8 @@ def top_args(spec: EmbeddingSpec) -> list[KernelArg]:
     out_t, wt = spec.out_type, spec.weight_type
     args: list[KernelArg] = []
     for t, ts in enumerate(spec.tables):
+        if ts.onchip is not None:  # compiled into the kernel: no port
+            continue
         args.append(KernelArg(f"table{t}", "resident", ts.storage_dtype(), table_bundle(spec, t)))
         if ts.rowwise:
             args.append(KernelArg(f"params{t}", "resident", _param_dtype(ts), table_bundle(spec, t)))
@@ -149,6 +220,35 @@ def _table_struct(spec: EmbeddingSpec, t: int, col: int) -> str:
     return "\n".join(lines)
 
 
+def _spec_comment(spec: EmbeddingSpec) -> dict:
+    """The spec's JSON with on-chip contents counted, not listed (the top function lists them)."""
+    d = spec.to_json()
+    for t in d["tables"]:
+        oc = t.get("onchip")
+        if oc is not None:
+            t["onchip"] = {"memory": oc["memory"], "table": f"<{len(oc['table'])} values>", "params": f"<{len(oc['params'])} values>"}
+    return d
+
+
+def _literal(v: int, ctype: str) -> str:
+    # -2^63 has no int64_t literal (the minus applies to a constant too large for long long).
+    if ctype == "int64_t":
+        return "(-9223372036854775807LL - 1)" if v == -(1 << 63) else f"{v}LL"
+    return f"{v}ULL" if ctype == "uint64_t" else str(v)
+
+
+def _rom(name: str, ctype: str, values: tuple[int, ...], memory: str) -> list[str]:
+    """A ``static const`` array of ``values`` and its bind_storage pragma, in the top function's body."""
+    per_line = 16
+    rows = [", ".join(_literal(v, ctype) for v in values[i:i + per_line]) for i in range(0, len(values), per_line)]
+    return [
+        f"    static const {ctype} {name}[{len(values)}] = {{",
+        *(f"        {r}," for r in rows),
+        "    };",
+        f"#pragma HLS bind_storage variable={name} type=rom_2p impl={memory}",
+    ]
+
+
 def _config_header(spec: EmbeddingSpec) -> str:
     acc, out_t, wt = spec.acc_type, spec.out_type, spec.weight_type
     guard = f"OFFLOAD_EMB_CFG_{_digest(spec).upper()}"
@@ -157,7 +257,7 @@ def _config_header(spec: EmbeddingSpec) -> str:
         structs.append(_table_struct(spec, t, col))
     return "\n".join([
         "// Generated by offload.hls.embedding from the kernel spec; do not edit.",
-        f"// spec: {json.dumps(spec.to_json(), sort_keys=True)}",
+        f"// spec: {json.dumps(_spec_comment(spec), sort_keys=True)}",
         f"#ifndef {guard}",
         f"#define {guard}",
         f"#define OFFLOAD_EMB_MAX_BAG {spec.max_bag_size}",
@@ -188,6 +288,7 @@ def port_depths(spec: EmbeddingSpec) -> dict[str, int]:
     T = spec.num_tables
     depths = {}
     for t, ts in enumerate(spec.tables):
+        # An on-chip table has no port; its depth is unused.
         depths[f"table{t}"] = ts.num_rows * ts.dim
         depths[f"params{t}"] = 2 * ts.num_rows
     n_idx = COSIM_BAGS * T * spec.max_bag_size
@@ -212,6 +313,14 @@ def sources(spec: EmbeddingSpec) -> dict[str, str]:
         const = "" if a.role == "output" else "const "
         params.append(f"{const}{_CTYPE[np.dtype(a.dtype).name]} *{a.name}")
         pragmas.append(f"#pragma HLS INTERFACE m_axi port = {a.name} offset = slave bundle = {a.bundle} depth = {depths[a.name]}")
+    roms: list[str] = []
+    for t, ts in enumerate(spec.tables):
+        if ts.onchip is not None:
+            # Named as the port would be, so the calls below read the same either way.
+            roms.append(f"    // table {ts.name!r} on chip ({ts.onchip.memory.upper()} ROM), compiled in.")
+            roms += _rom(f"table{t}", _CTYPE[ts.storage_dtype().name], ts.onchip.table, ts.onchip.memory)
+            if ts.rowwise:
+                roms += _rom(f"params{t}", _CTYPE[_param_dtype(ts).name], ts.onchip.params, ts.onchip.memory)
     for t, ts in enumerate(spec.tables):
         p = f"params{t}" if ts.rowwise else f"(const emb_t{t}::pstore_t *)0"
         if spec.partial:
@@ -232,6 +341,7 @@ def sources(spec: EmbeddingSpec) -> dict[str, str]:
         "    " + ",\n    ".join(params) + ") {",
         *pragmas,
         "#pragma HLS INTERFACE s_axilite port = return",
+        *roms,
         *calls,
         "}",
         "",
@@ -285,15 +395,18 @@ def placement(spec: EmbeddingSpec, card: str | Card, compute_units: int = 1, tra
     unit gets the same banks: they share the resident tables.
     """
     card = get_card(card)
+    check_onchip(spec, card)
     mem = card.memory
     traffic = dict(traffic or {})
     unknown = set(traffic) - {t.name for t in spec.tables}
     if unknown:
         raise InputError(f"traffic: unknown tables {sorted(unknown)}")
-    # Tables sharing a bundle share a port, hence a bank: place bundles, not tables.
+    # Tables sharing a bundle share a port, hence a bank: place bundles, not tables. On-chip
+    # tables have no port.
     groups: dict[str, list[int]] = {}
     for t in range(spec.num_tables):
-        groups.setdefault(table_bundle(spec, t), []).append(t)
+        if spec.tables[t].onchip is None:
+            groups.setdefault(table_bundle(spec, t), []).append(t)
     items = []
     for bundle, ts in groups.items():
         nbytes = sum(spec.tables[t].bytes() for t in ts)

@@ -67,6 +67,8 @@ __all__ = [
     "DEFAULT_WEIGHT_TYPE",
     "DEFAULT_MAX_BAG_SIZE",
     "longest_exact_bag",
+    "ONCHIP_MEMORIES",
+    "OnChip",
     "TableSpec",
     "EmbeddingSpec",
     "make_spec",
@@ -76,6 +78,7 @@ __all__ = [
     "quantize_checked",
     "OVERFLOW_POLICIES",
     "make_kernel",
+    "hold_on_chip",
     "feature_tensors",
     "container_dtype",
     "validate",
@@ -113,15 +116,52 @@ _MAX_ACC_WIDTH = 62
 _MAX_PRODUCT_WIDTH = 63
 
 
+# On-chip memories a table can be held in (the HLS generator's ``bind_storage impl``).
+ONCHIP_MEMORIES = ("bram", "uram")
+
+
+@dataclass(frozen=True)
+class OnChip:
+    """A table held inside the kernel rather than behind a memory port: ``memory`` (``"bram"`` or
+    ``"uram"``) and the table's raw contents, which the HLS generator compiles into the kernel as
+    constants (as hls4ml does with weights), so the spec, and with it the kernel's name, carries
+    them. ``table``: the raw codes, row-major (``num_rows * dim``); ``params``: a row-wise table's
+    raw ``(scale, bias)`` pairs, row-major (``2 * num_rows``), empty otherwise.
+
+    Example: ``OnChip("bram", (1, 2, 3, 4))`` holds a 2 x 2 table in block RAM.
+    """
+
+    memory: str
+    table: tuple[int, ...]
+    params: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.memory not in ONCHIP_MEMORIES:
+            raise InputError(f"onchip.memory: must be one of {list(ONCHIP_MEMORIES)}, got {self.memory!r}")
+        for name in ("table", "params"):
+            v = getattr(self, name)
+            object.__setattr__(self, name, tuple(int(x) for x in (v.ravel().tolist() if isinstance(v, np.ndarray) else v)))
+
+    @classmethod
+    def of(cls, memory: str, tensors: Mapping[str, np.ndarray]) -> "OnChip":
+        """From a table's resident arrays (``{"table": ..., "params": ...}``, as :func:`quantize_table` gives)."""
+        return cls(memory, np.asarray(tensors["table"]), np.asarray(tensors["params"]) if "params" in tensors else ())
+
+    def to_json(self) -> dict:
+        return {"memory": self.memory, "table": list(self.table), "params": list(self.params)}
+
+
 @dataclass(frozen=True)
 class TableSpec:
-    """One table: name, shape, storage format, optional padding row and m_axi bundle.
+    """One table: name, shape, storage format, optional padding row and m_axi bundle, or on chip.
 
     ``fmt`` is a :data:`~offload.kernels.table_format.TableFormat`: given as text
     (``"ap_fixed<16,6>"``, or ``"int8_rowwise"`` with ``param_type``) or as the object, it is
     held parsed; ``param_type`` is the row-wise scale/bias type (a :class:`FixedType`, None for a
     plain table). ``padding_idx`` entries are skipped when pooling (torch.nn.EmbeddingBag
     semantics). ``bundle`` groups tables on one memory port (default: a port per table, ``gmem{t}``).
+    ``onchip`` (an :class:`OnChip`, or its JSON) holds the table in the kernel's URAM/BRAM instead,
+    its contents compiled in; build it with :func:`hold_on_chip`.
 
     Example: ``TableSpec("user", 1000, 16, "ap_fixed<16,6>").value_type()`` is ``ap_fixed<16,6>``.
     """
@@ -133,6 +173,7 @@ class TableSpec:
     param_type: FixedType | None = None
     padding_idx: int | None = None
     bundle: str | None = None
+    onchip: OnChip | None = None
 
     def __post_init__(self) -> None:
         # Text from JSON and callers is parsed here, once; a replace(param_type=...) of a row-wise
@@ -143,6 +184,15 @@ class TableSpec:
             object.__setattr__(self, "param_type", fmt.param_type)
         elif self.param_type is not None:
             object.__setattr__(self, "param_type", FixedType.parse(self.param_type))
+        if isinstance(self.onchip, Mapping):
+            object.__setattr__(self, "onchip", OnChip(**self.onchip))
+        if self.onchip is not None:
+            # A replace(num_rows=...) of an on-chip table (a shard of it) must give it its own contents.
+            want = (int(self.num_rows) * int(self.dim), 2 * int(self.num_rows) if isinstance(fmt, RowwiseInt8) else 0)
+            got = (len(self.onchip.table), len(self.onchip.params))
+            if got != want:
+                raise InputError(f"table {self.name!r}: onchip holds {got[0]} codes and {got[1]} params, "
+                                 f"a {self.num_rows} x {self.dim} {fmt} table has {want[0]} and {want[1]}")
 
     @property
     def rowwise(self) -> bool:
@@ -166,7 +216,9 @@ class TableSpec:
         """The table as JSON: the formats as their ap_types text (``fmt`` ``"int8_rowwise"``)."""
         return {"name": self.name, "num_rows": self.num_rows, "dim": self.dim, "fmt": str(self.fmt),
                 "param_type": None if self.param_type is None else str(self.param_type),
-                "padding_idx": self.padding_idx, "bundle": self.bundle}
+                "padding_idx": self.padding_idx, "bundle": self.bundle,
+                # Only when set, so the JSON (and the HLS digest) of every off-chip table is unchanged.
+                **({} if self.onchip is None else {"onchip": self.onchip.to_json()})}
 
 
 @dataclass(frozen=True)
@@ -295,6 +347,16 @@ SPEC_SCHEMA = {
                     "param_type": {"anyOf": [{"type": "null"}, _TYPE_TEXT]},
                     "padding_idx": {"type": ["integer", "null"], "minimum": 0, "maximum": _MAX_ROWS - 1},
                     "bundle": {"type": ["string", "null"], "pattern": r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z"},
+                    "onchip": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["memory", "table"],
+                        "properties": {
+                            "memory": {"enum": list(ONCHIP_MEMORIES)},
+                            "table": {"type": "array", "int64Items": True},
+                            "params": {"type": "array", "int64Items": True},
+                        },
+                    },
                 },
             },
         },
@@ -530,6 +592,30 @@ def make_kernel(name: str, spec: EmbeddingSpec, weights: Sequence[np.ndarray], o
     return Kernel(name, spec, tensors)
 
 
+def hold_on_chip(kernel: Kernel, memories: Mapping[str, str]) -> Kernel:
+    """``kernel`` with the tables named in ``memories`` (table name -> ``"bram"`` or ``"uram"``)
+    held on chip: each one's resident arrays become its :class:`OnChip` contents, which the HLS
+    kernel compiles in (no memory port). The tensors stay, so every device computes as before.
+
+    Example: ``hold_on_chip(make_kernel("k", spec, weights), {"country": "bram"})``
+    """
+    spec = kernel.spec
+    unknown = sorted(set(memories) - {t.name for t in spec.tables})
+    if unknown:
+        raise InputError(f"memories: no table named {unknown} in kernel {kernel.name!r}; its tables are {[t.name for t in spec.tables]}")
+    tables = []
+    for t, ts in enumerate(spec.tables):
+        mem = memories.get(ts.name)
+        if mem is not None:
+            own = {"table": kernel.tensors[f"table{t}"], **({"params": kernel.tensors[f"params{t}"]} if ts.rowwise else {})}
+            ts = replace(ts, onchip=OnChip.of(mem, own), bundle=None)
+        tables.append(ts)
+    new = EmbeddingSpec(tuple(tables), spec.mode, spec.max_bag_size, spec.acc_type, spec.out_type, spec.weight_type,
+                        spec.feature_table_map, spec.partial)
+    check_tensors(new, kernel.tensors)
+    return Kernel(kernel.name, new, dict(kernel.tensors))
+
+
 def feature_tensors(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The resident tensors as :meth:`EmbeddingSpec.per_feature` names them: views of the shared
     tables, never copies."""
@@ -558,6 +644,19 @@ def _int_array(inputs: Mapping[str, np.ndarray], key: str, allowed=_INDEX_DTYPES
     return a
 
 
+def _inputs_ok(spec: EmbeddingSpec, idx: np.ndarray, off: np.ndarray) -> bool:
+    """The offsets and index rules in one compiled pass (a call's dozen NumPy reductions cost ~10 us
+    at batch 1); False where numba is missing or a rule breaks, and :func:`validate` then finds
+    the fault and names it."""
+    fused = _fused()
+    if not fused.available():
+        return False
+    rows = spec._cache.get("rows")
+    if rows is None:
+        rows = spec._cache["rows"] = np.array([t.num_rows for t in spec.tables], dtype=np.int64)
+    return bool(fused.inputs_ok(idx, off, rows, (off.shape[0] - 1) // spec.num_tables))
+
+
 def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:
     """Check one call's inputs; raises before any device work and changes nothing.
 
@@ -582,6 +681,9 @@ def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Map
     T = spec.num_tables
     if off.shape[0] < 1 or (off.shape[0] - 1) % T:
         raise OffsetsError(f"offsets: length must be T*B+1 with T={T} tables, got {off.shape[0]}")
+    w = inputs.get("per_sample_weights")
+    if w is None and _inputs_ok(spec, idx, off):
+        return
     if off[0] != 0:
         raise OffsetsError(f"offsets: must start at 0, got {int(off[0])}")
     if off.size and int(off.max()) > n:
@@ -593,7 +695,6 @@ def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Map
         raise OffsetsError(f"offsets: must not decrease, offsets[{p + 1}]={int(off[p + 1])} < offsets[{p}]={int(off[p])}")
     if int(off[-1]) != n:
         raise OffsetsError(f"offsets: must end at len(indices)={n}, got {int(off[-1])}")
-    w = inputs.get("per_sample_weights")
     if w is not None:
         # FBGEMM's TBE weights mean bags too (sum of w*row over the bag's length); max has no weights.
         # torch.nn.EmbeddingBag refuses weighted mean: offload.nn.EmbeddingBag checks that itself.
@@ -650,6 +751,12 @@ def check_tensors(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]) -> Non
             ft = ts.fmt
             if a.size and (a.min() < ft.min_raw or a.max() > ft.max_raw):
                 raise ValueError(f"tensors[{key!r}]: raw values of table {ts.name!r} outside {ft}'s range [{ft.min_raw}, {ft.max_raw}]")
+        if ts.onchip is not None:
+            # The HLS kernel reads its compiled-in contents, every other device these tensors.
+            held = {key: ts.onchip.table, **({f"params{t}": ts.onchip.params} if ts.rowwise else {})}
+            for k, v in held.items():
+                if np.asarray(tensors[k]).ravel().tolist() != list(v):
+                    raise ValueError(f"tensors[{k!r}]: differs from table {ts.name!r}'s on-chip contents (compiled into the kernel)")
     extra = sorted(set(tensors) - expected)
     if extra:
         raise ValueError(f"tensors: unexpected {extra} for an embedding kernel of {spec.num_tables} table(s)")
