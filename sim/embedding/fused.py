@@ -477,6 +477,23 @@ if numba is not None:
                 return False
         return True
 
+    @numba.njit(nogil=True, cache=True)
+    def inputs_ok(idx, off, rows, nb):
+        """``validate()``'s offsets and index rules in one pass: offsets start at 0, never
+        decrease and end at ``len(idx)``; table ``t``'s indices (bags ``t*nb`` to ``(t+1)*nb``) lie
+        in ``[0, rows[t])``."""
+        if off[0] != 0 or off[off.shape[0] - 1] != idx.shape[0]:
+            return False
+        for i in range(off.shape[0] - 1):
+            if off[i + 1] < off[i]:
+                return False
+        for t in range(rows.shape[0]):
+            lim = rows[t]
+            for j in range(off[t * nb], off[(t + 1) * nb]):
+                if idx[j] < 0 or idx[j] >= lim:
+                    return False
+        return True
+
 
 # ------------------------------------------------------------------------------------------- run
 
