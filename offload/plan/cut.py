@@ -112,7 +112,7 @@ def card_kernel(card: Card, g: int, spec: EmbeddingSpec, lks: Sequence[Lookup], 
         ts = lk.table
         pad = ts.padding_idx - sl.r0 if ts.padding_idx is not None and sl.r0 <= ts.padding_idx < sl.r1 else None
         tables.append(replace(ts, name=f"{ts.name}@r{sl.r0}c{sl.c0}", num_rows=sl.r1 - sl.r0, dim=sl.c1 - sl.c0,
-                              padding_idx=pad, bundle=None))
+                              padding_idx=pad, bundle=None, onchip=None))  # the plan, not the bundle, says what is on chip
         tensors[f"table{i}"] = np.ascontiguousarray(lk.tensors["table"][sl.r0:sl.r1, sl.c0:sl.c1])
         if ts.rowwise:
             tensors[f"params{i}"] = np.ascontiguousarray(lk.tensors["params"][sl.r0:sl.r1])

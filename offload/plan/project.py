@@ -9,8 +9,11 @@ chose. The per-call buffers (indices, offsets, weights, outputs) share the card'
 and the compute unit sits on the SLR of its busiest one. Kernels of other kinds in the bundle (an
 MLP) go to card ``(0, 0)``, the caller's, placed as ``offload build`` places them.
 
-Left out, and written in each project's notes: a shard the plan puts on chip (URAM/BRAM) keeps an
-m_axi port, in the card's least busy bank: the kernel does not yet hold tables in on-chip memory.
+A shard the plan puts on chip has no port and no connectivity line: it is held in the card
+kernel (:func:`offload.kernels.embedding.hold_on_chip`), a ROM compiled from its contents, in block
+RAM while the card's BRAM36 blocks last, then in UltraRAM (noted in the project: UltraScale+
+UltraRAM has no bitstream contents, see :mod:`offload.hls.embedding`). A card whose on-chip
+shards need more blocks than it has is refused (:class:`offload.hls.embedding.OnChipBudgetError`).
 
 Example::
 
@@ -26,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from offload.hls.build import Project, write_project
+from offload.hls.cards import Card as CardType
+from offload.hls.embedding import check_onchip, onchip_blocks
 from offload.hls.registry import KernelPlacement, get_hls_kind
 from offload.kernels import Kernel
-from offload.kernels.embedding import EmbeddingSpec
+from offload.kernels.embedding import EmbeddingSpec, hold_on_chip
 from offload.plan.cut import Slot, card_kernels
 from offload.plan.plan import Plan
 from offload.plan.topology import ONCHIP
@@ -82,24 +87,46 @@ def write_card_projects(bundle: Any, plan: Plan, out: str | os.PathLike, *, laun
         kernels: dict[str, Kernel] = {}
         placements: dict[str, KernelPlacement] = {}
         notes: list[str] = []
+        ctype = plan.topology.card(*card)
+        blocks: dict[str, int] = {}
         for k, slots in per_card.get(card, []):
+            k, blocks, left = _on_chip(k, slots, ctype, blocks)
             kernels[k.name] = k
-            kp, left = _placement(plan, card, k, slots)
-            placements[get_hls_kind(k.kind).top_name(k.spec)] = kp
+            placements[get_hls_kind(k.kind).top_name(k.spec)] = _placement(plan, card, k, slots)
             notes += left
         if card == (0, 0):
             kernels.update(other)
-        ctype = plan.topology.card(*card)
         project = write_project(_CardBundle(f"{name}@h{card[0]}c{card[1]}", kernels), ctype.name, card_dir(root, card),
                                 launch=launch, placements=placements, notes=tuple(notes))
         out_projects[card] = CardProject(project, kernels)
     return out_projects
 
 
-def _placement(plan: Plan, card: Card, kernel: Kernel, slots: list[Slot]) -> tuple[KernelPlacement, list[str]]:
+def _on_chip(kernel: Kernel, slots: list[Slot], ctype: CardType, used: dict[str, int]) -> tuple[Kernel, dict[str, int], list[str]]:
+    """``kernel`` with its on-chip slots held in the kernel: block RAM while the card's BRAM36
+    blocks (after ``used``, the card's earlier kernels') last, then UltraRAM; the blocks used
+    after it, and a note for each UltraRAM table. Raises OnChipBudgetError past the card's blocks."""
+    names = [kernel.spec.tables[i].name for i, sl in enumerate(slots) if sl.shard.kind == ONCHIP]
+    if not names:
+        return kernel, used, []
+    memories, left = {}, dict(used)
+    tables = {ts.name: ts for ts in kernel.spec.tables}
+    for name in names:
+        bram = onchip_blocks(tables[name], "bram")
+        fits = left.get("bram", 0) + bram <= ctype.bram36
+        memories[name] = "bram" if fits else "uram"
+        if fits:
+            left["bram"] = left.get("bram", 0) + bram
+    held = hold_on_chip(kernel, memories)
+    notes = [f"table {n!r} is on chip in UltraRAM (the card's BRAM36 blocks are taken): UltraScale+ UltraRAM has no "
+             f"bitstream contents, so check how Vitis HLS builds its ROM for {ctype.part}" for n, m in memories.items() if m == "uram"]
+    return held, check_onchip(held.spec, ctype, used), notes
+
+
+def _placement(plan: Plan, card: Card, kernel: Kernel, slots: list[Slot]) -> KernelPlacement:
     """The connectivity of one card kernel: slot ``i``'s ports (``table{i}``, ``params{i}``) in its
     shard's bank, the per-call buffers in the card's least busy bank of its main memory, the CU on
-    the SLR of the busiest; and a note for each on-chip shard."""
+    the SLR of the busiest. An on-chip slot has no port."""
     ctype = plan.topology.card(*card)
     mem = ctype.memory
     times = {k[2:]: v for k, v in plan.unit_times().items() if k[:2] == card}
@@ -108,17 +135,11 @@ def _placement(plan: Plan, card: Card, kernel: Kernel, slots: list[Slot]) -> tup
     busiest = max(range(mem.banks), key=lambda b: (load[b], -b))
     hk = get_hls_kind(kernel.kind)
     bank_of: dict[str, str] = {}
-    notes = []
     for i, sl in enumerate(slots):
         s = sl.shard
-        if s.kind == ONCHIP:
-            where = quiet
-            notes.append(f"table {kernel.spec.tables[i].name!r} is planned on chip; its port is in {where} "
-                         f"(the kernel does not yet hold tables in URAM/BRAM)")
-        else:
-            where = f"{s.kind}[{s.bank}]"
-        bank_of[f"table{i}"] = bank_of[f"params{i}"] = where
+        if s.kind != ONCHIP:
+            bank_of[f"table{i}"] = bank_of[f"params{i}"] = f"{s.kind}[{s.bank}]"
     ports = {a.name: bank_of.get(a.name, quiet) for a in hk.top_args(kernel.spec) if a.role != "scalar"}
     top = hk.top_name(kernel.spec)
     cu = f"{top}_1"
-    return KernelPlacement((cu,), {cu: f"SLR{mem.slr_of_bank[busiest]}"}, {cu: ports}), notes
+    return KernelPlacement((cu,), {cu: f"SLR{mem.slr_of_bank[busiest]}"}, {cu: ports})

@@ -5,7 +5,9 @@ project's own sources, returning what the plan's sim engine returns for that car
 from __future__ import annotations
 
 import ctypes
+import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +18,13 @@ import offload
 import offload.plan as P
 from offload.cli.build import build_cmd
 from offload.hls import csim
+from offload.hls.cards import get_card
+from offload.hls.embedding import OnChipBudgetError
 from offload.hls.registry import get_hls_kind
 from offload.kernels.embedding import TableSpec, make_kernel, make_spec
 from offload.plan.cut import card_kernels
 from offload.plan.engine import open_engine
-from offload.plan.project import card_dir
+from offload.plan.project import card_dir, write_card_projects
 
 pytestmark = pytest.mark.skipif(not csim.ap_types_include().is_dir(), reason="ap_types headers missing")
 
@@ -100,13 +104,59 @@ def test_one_project_per_card_with_the_plans_banks_and_the_engines_results(tmp_p
     assert named == banks
 
 
-def test_an_on_chip_shard_is_noted_not_hidden(tmp_path):
+def test_an_on_chip_shard_is_built_into_its_cards_kernel(tmp_path):
     bpath, plan = _bundle(tmp_path), _plan(tmp_path, onchip=True)
-    assert [s.kind for s in plan.table("small").shards] == ["onchip"]
+    (small,) = plan.table("small").shards
+    assert small.kind == "onchip"
     out = tmp_path / "build"
     r = CliRunner().invoke(build_cmd, [str(bpath), "--plan", str(tmp_path / "plan.json"), "--out", str(out), "--cases", "1"])
     assert r.exit_code == 0, r.output
-    assert "planned on chip" in r.output and "'small@r0c0'" in r.output
+    assert r.output.count("0 mismatches") == len(plan.cards) and "left out" not in r.output
+    # The card's project, as the command wrote it: the kernel that holds the shard, its slot and contents.
+    projects = write_card_projects(offload.load(bpath), plan, tmp_path / "again")
+    cp = projects[small.where]
+    (k,) = [k for k in cp.kernels.values() if any(t.name == "small@r0c0" for t in k.spec.tables)]
+    i = [t.name for t in k.spec.tables].index("small@r0c0")
+    assert k.spec.tables[i].onchip.memory == "bram"
+    hk = get_hls_kind("embedding")
+    top = hk.top_name(k.spec)
+    root = card_dir(out, small.where)
+    cpp = (root / "src" / top / f"{top}.cpp").read_text()
+    assert f"#pragma HLS bind_storage variable=table{i} type=rom_2p impl=bram" in cpp
+    assert not re.search(rf"port = table{i}\b", cpp)
+    held = re.search(rf"static const int16_t table{i}\[(\d+)\] = \{{(.*?)\}};", cpp, re.S)
+    want_rows = offload.load(bpath).kernels["ebc_sum"].tensors["table2"]  # "small", the bundle's third table
+    assert [int(v) for v in held.group(2).split(",") if v.strip()] == want_rows.ravel().tolist()
+    # Connectivity: every port of the top, and no line for the on-chip table; no note about it.
+    cfg = (root / "connectivity.cfg").read_text()
+    listed = set(re.findall(rf"^sp={top}_1\.(\w+):", cfg, re.M))
+    assert listed == {a.name for a in hk.top_args(k.spec) if a.role != "scalar"} and f"table{i}" not in listed
+    assert not json.loads((root / "project.json").read_text())["notes"]
+    # The card kernel compiled from the project's own files returns what the sim engine does for that card.
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        inputs = _inputs(k.spec, rng)
+        eng = open_engine("local", plan.topology, device="sim")
+        eng.load({small.where: [k]})
+        try:
+            want = eng.run({small.where: [inputs]})[small.where][0]
+        finally:
+            eng.close()
+        got = _run_project_top(root, k, inputs)
+        for name in ("out", "count"):
+            assert np.array_equal(got[name], want[name]), name
+
+
+def test_on_chip_shards_past_the_cards_blocks_are_refused(tmp_path):
+    # One BRAM36 and no URAM: the planner's bytes (4608 on chip) take both small tables, the blocks
+    # only one (each is its own ROM), so the second goes to URAM, which the card lacks.
+    card = replace(get_card("u280"), bram36=1, uram=0)
+    topo = P.Topology(hosts=[[card]], onchip_share=1.0)
+    cons = {"big": {"memory": "hbm"}, "wide": {"memory": "onchip"}, "small": {"memory": "onchip"}}
+    plan = P.shard([P.Table(n, r, d, FMT, pooling_factor=4.0) for n, (r, d) in SHAPES.items()], topo, cons, merge_budget=0)
+    assert sorted(t.name for t in plan.tables if t.shards[0].kind == "onchip") == ["small", "wide"]
+    with pytest.raises(OnChipBudgetError, match=r"'(small|wide)@r0c0': \d+ bytes on chip take 1 URAM blocks; card u280 has 0 URAM blocks \(0 bytes\)"):
+        write_card_projects(offload.load(_bundle(tmp_path)), plan, tmp_path / "b")
 
 
 def test_plan_and_bundle_must_agree_and_vitis_is_refused(tmp_path):
