@@ -386,7 +386,8 @@ def unpack_outputs(spec: EmbeddingSpec, inputs: Mapping[str, np.ndarray], buffer
 
 
 def placement(spec: EmbeddingSpec, card: str | Card, compute_units: int = 1, traffic: Mapping[str, float] | None = None) -> KernelPlacement:
-    """Each table bundle in its own bank (or run of HBM banks), by size and traffic (:func:`offload.hls.connectivity.place`).
+    """Each table bundle in its own bank (or run of HBM banks), by size and traffic (:func:`offload.hls.connectivity.place`);
+    on-chip tables have no port, and a card without the blocks for them is refused (:func:`check_onchip`).
 
     ``traffic`` maps a table name to its expected lookups per sample (default 1); a bundle's
     traffic is that times its tables' row bytes. The per-call buffers (indices, offsets, weights,

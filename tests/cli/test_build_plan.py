@@ -155,7 +155,8 @@ def test_on_chip_shards_past_the_cards_blocks_are_refused(tmp_path):
     cons = {"big": {"memory": "hbm"}, "wide": {"memory": "onchip"}, "small": {"memory": "onchip"}}
     plan = P.shard([P.Table(n, r, d, FMT, pooling_factor=4.0) for n, (r, d) in SHAPES.items()], topo, cons, merge_budget=0)
     assert sorted(t.name for t in plan.tables if t.shards[0].kind == "onchip") == ["small", "wide"]
-    with pytest.raises(OnChipBudgetError, match=r"'(small|wide)@r0c0': \d+ bytes on chip take 1 URAM blocks; card u280 has 0 URAM blocks \(0 bytes\)"):
+    refused = r"'(small|wide)@r0c0': \d+ bytes on chip take 1 URAM blocks; card u280 has 0 URAM blocks \(0 bytes\)"
+    with pytest.raises(OnChipBudgetError, match=refused):
         write_card_projects(offload.load(_bundle(tmp_path)), plan, tmp_path / "b")
 
 

@@ -142,3 +142,19 @@ def test_a_bundle_keeps_its_on_chip_tables(tmp_path):
     (got,) = b.kernels.values()
     assert got.spec == k.spec and HK.top_name(got.spec) == HK.top_name(k.spec)
     assert got.spec.tables[2].onchip == k.spec.tables[2].onchip
+
+
+@pytest.mark.skipif(not csim.ap_types_include().is_dir(), reason="ap_types headers missing")
+def test_the_emu_device_runs_an_on_chip_kernel_as_the_simulator_does():
+    from offload.host import open_device
+
+    k, rng = _kernel("mean", seed=4)
+    dev = open_device("emu")
+    try:
+        h = dev.load(k)
+        for B in (7, 1):
+            inputs = make_case(rng, k.spec, B, 8, pad_frac=0.2)
+            want = KIND.reference(k.spec, k.tensors, inputs)["out"]
+            assert np.array_equal(np.asarray(dev.run(h, inputs)["out"]), want)
+    finally:
+        dev.close()
