@@ -649,7 +649,7 @@ def _inputs_ok(spec: EmbeddingSpec, idx: np.ndarray, off: np.ndarray) -> bool:
     at batch 1); False where numba is missing or a rule breaks, and :func:`validate` then finds
     the fault and names it."""
     fused = _fused()
-    if not fused.available():
+    if not (fused.available() and idx.dtype.isnative and off.dtype.isnative):  # numba types native order only
         return False
     rows = spec._cache.get("rows")
     if rows is None:
