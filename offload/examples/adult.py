@@ -8,12 +8,13 @@ variant a lookup table):
 - ``ptq16``: post-training quantization to ``ap_fixed<16,6>`` everywhere;
 - ``ptq_auto``: the calibrated PTQ search (``precision="auto"``, AUC budget on validation labels);
 - ``qat<b>``: the float network fine-tuned with Brevitas at ``b``-bit weights and activations
-  (power-of-two scales, floor rounding, a 6-bit input quantizer, an 8-bit output), then
-  ``MLP.from_brevitas``.
+  (power-of-two scales, Brevitas's default rounding: half to even, a 6-bit input quantizer, an
+  8-bit output), then ``MLP.from_brevitas``.
 
 For each: test AUC, and with ``rtl=True`` the da4ml Verilog's measured Verilator latency and its
-Yosys LUTs (``synth_xilinx -family xcup``); for the QAT kernel also the check that ``simulate``
-equals Brevitas's forward bit for bit on the test rows.
+Yosys LUTs (``synth_xilinx -family xcup``), the RTL checked against ``simulate``; for the QAT
+kernel also the check that ``simulate`` equals Brevitas's forward bit for bit on the test rows
+and (with ``rtl=True``) that hls4ml's C-simulation equals both on the RTL's rows.
 
 Example::
 
@@ -53,13 +54,12 @@ def splits(seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def brevitas_model(float_model: nn.Sequential, bits: int = 4, input_bits: int = 6, output_bits: int = 8,
-                   rounding: str = "floor") -> nn.Sequential:
+                   rounding: str = "round") -> nn.Sequential:
     """A Brevitas copy of the float MLP (weights copied): power-of-two-scale quantizers throughout,
     ``bits``-bit weights and ReLU outputs, a ``input_bits``-bit signed input, an ``output_bits`` output.
 
-    ``rounding`` of the activation quantizers: ``"floor"`` (``AP_TRN``: no rounding adder, and the
-    open RTL tier, which rounds only AP_TRN/AP_RND, can build it) or ``"round"`` (half to even,
-    ``AP_RND_CONV``: hls4ml's C-simulation takes it, the RTL tier refuses it)."""
+    ``rounding`` of the activation quantizers: ``"round"`` (Brevitas's default, ``torch.round``:
+    half to even, ``AP_RND_CONV``) or ``"floor"`` (``AP_TRN``: no rounding adder)."""
     import brevitas.nn as qnn
     from brevitas.quant import Int8ActPerTensorFixedPoint, Int8WeightPerTensorFixedPoint, Int32Bias, Uint8ActPerTensorFixedPoint
 
@@ -108,7 +108,9 @@ class Variant:
     cycles: int | None = None
     luts: float | None = None
     ffs: float | None = None
+    da4ml_luts: float | None = None  # da4ml's own LUT estimate of the same design (no synthesis)
     rtl_matches_simulate: bool | None = None
+    csim_matches_simulate: bool | None = None  # hls4ml's C-simulation, QAT kernels with rtl=True
 
 
 @dataclass
@@ -128,28 +130,51 @@ class AdultResult:
 
     def table(self) -> str:
         """The Markdown table BENCHMARKS.md shows."""
-        base = self.variant("ptq16").luts
-        lines = [f"| kernel | test AUC (float {self.auc_float:.4f}) | Verilator cycles | Yosys LUTs | LUTs vs PTQ <16,6> | FFs |",
-                 "|---|---:|---:|---:|---:|---:|"]
+        base, est = self.variant("ptq16").luts, self.variant("ptq16").da4ml_luts
+        lines = [f"| kernel | test AUC (float {self.auc_float:.4f}) | Verilator cycles | Yosys LUTs | LUTs vs PTQ <16,6> | FFs "
+                 "| da4ml LUT estimate (vs PTQ) |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
         for v in self.variants:
             ratio = f"{v.luts / base:.2f}x" if v.luts and base else ""
+            e = "" if v.da4ml_luts is None else f"{v.da4ml_luts:.0f}" + (f" ({v.da4ml_luts / est:.2f}x)" if est else "")
             lines.append(f"| {v.name} | {v.auc:.4f} | {v.cycles if v.cycles is not None else ''} | "
-                         f"{'' if v.luts is None else f'{v.luts:.0f}'} | {ratio} | {'' if v.ffs is None else f'{v.ffs:.0f}'} |")
+                         f"{'' if v.luts is None else f'{v.luts:.0f}'} | {ratio} | {'' if v.ffs is None else f'{v.ffs:.0f}'} | {e} |")
         return "\n".join(lines)
 
 
-def _rtl(v: Variant, x: np.ndarray, out: Path) -> None:
-    rtl = v.mlp.to_rtl(str(out / v.name), clock_mhz=300.0).compile()
+def _rtl(v: Variant, x: np.ndarray, out: Path, build: bool = True) -> None:
+    """da4ml's design and its LUT estimate (seconds); ``build``: Verilator and Yosys too (a 16-bit
+    design takes Yosys well over half an hour of CPU)."""
+    rtl = v.mlp.to_rtl(str(out / v.name), clock_mhz=300.0)
+    v.da4ml_luts = float(rtl.meta["da4ml_cost_lut"])
+    if not build:
+        return
+    rtl.compile()
     v.cycles = int(rtl.latency_cycles)
     v.rtl_matches_simulate = bool(np.array_equal(rtl.predict(x), v.mlp.simulate(x)))
     res = rtl.resources()
     v.luts, v.ffs = float(res["LUT"]), float(res["FF"])
 
 
+def _csim(v: Variant, x: np.ndarray, out: Path) -> None:
+    import warnings
+
+    model = v.mlp.to_hls4ml(str(out / f"{v.name}_hls4ml"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.compile()
+        got = np.asarray(model.predict(np.ascontiguousarray(x))).reshape(v.mlp.simulate(x).shape)
+    v.csim_matches_simulate = bool(np.array_equal(got, v.mlp.simulate(x)))
+
+
 def run(bits: int | tuple[int, ...] = (4, 5, 6), seed: int = 0, epochs: int = 20, qat_epochs: int = 6, rtl: bool = False,
-        rtl_rows: int = 256, out_dir: str | None = None) -> AdultResult:
+        rtl_rows: int = 256, out_dir: str | None = None, rounding: str = "round", rtl_variants: tuple[str, ...] | None = None
+        ) -> AdultResult:
     """Train, quantize (PTQ twice, QAT at each of ``bits``), score on the test split; ``rtl``: Verilator
-    cycles and Yosys LUTs too (``rtl_rows`` test rows checked against ``simulate`` on the RTL).
+    cycles and Yosys LUTs too (``rtl_rows`` test rows checked against ``simulate`` on the RTL, and
+    on the QAT kernels against hls4ml's C-simulation). ``rounding``: the Brevitas activation
+    quantizers' (``"round"`` or ``"floor"``); ``rtl_variants``: the names built under
+    Verilator and Yosys (default all; the others get da4ml's LUT estimate only).
 
     Example::
 
@@ -167,7 +192,7 @@ def run(bits: int | tuple[int, ...] = (4, 5, 6), seed: int = 0, epochs: int = 20
     variants = [Variant("ptq16", ptq16, auc(yte, ptq16.simulate(x64))), Variant("ptq_auto", ptq_auto, auc(yte, ptq_auto.simulate(x64)))]
     exact, dev, qms = {}, {}, {}
     for b in (bits,) if isinstance(bits, int) else tuple(bits):
-        qm = fine_tune(brevitas_model(model, b), xtr, ytr, epochs=qat_epochs, seed=seed)
+        qm = fine_tune(brevitas_model(model, b, rounding=rounding), xtr, ytr, epochs=qat_epochs, seed=seed)
         qmlp = offload.nn.MLP.from_brevitas(qm, calib=calib)
         q_sim = qmlp.simulate(x64).reshape(-1)
         with torch.no_grad():
@@ -177,7 +202,10 @@ def run(bits: int | tuple[int, ...] = (4, 5, 6), seed: int = 0, epochs: int = 20
     if rtl:
         with tempfile.TemporaryDirectory(prefix="adult-rtl-") as tmp:
             for v in variants:
-                _rtl(v, x64[:rtl_rows], Path(out_dir or tmp))
+                build = rtl_variants is None or v.name in rtl_variants
+                _rtl(v, x64[:rtl_rows], Path(out_dir or tmp), build)
+                if build and v.name.startswith("qat"):
+                    _csim(v, x64[:rtl_rows], Path(out_dir or tmp))
     return AdultResult(float(auc_float), variants, exact, dev, len(yte), qms)
 
 
@@ -185,15 +213,20 @@ def main() -> None:  # pragma: no cover - a command-line wrapper around run()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bits", default="4,5,6", help="QAT widths, comma-separated")
     ap.add_argument("--qat-epochs", type=int, default=6)
-    ap.add_argument("--rtl", action="store_true", help="Verilator cycles and Yosys LUTs (minutes)")
+    ap.add_argument("--rtl", action="store_true", help="Verilator cycles and Yosys LUTs, hls4ml C-sim of the QAT kernels (minutes)")
+    ap.add_argument("--rounding", default="round", choices=("round", "floor"), help="Brevitas activation rounding")
+    ap.add_argument("--rtl-variants", default=None, help="variants built under Verilator and Yosys (default all; the others: da4ml's estimate)")
     a = ap.parse_args()
-    res = run(bits=tuple(int(b) for b in a.bits.split(",")), qat_epochs=a.qat_epochs, rtl=a.rtl)
+    res = run(bits=tuple(int(b) for b in a.bits.split(",")), qat_epochs=a.qat_epochs, rtl=a.rtl, rounding=a.rounding,
+              rtl_variants=tuple(a.rtl_variants.split(",")) if a.rtl_variants else None)
     print(res.table())
     for b, ok in res.qat_bit_exact_vs_brevitas.items():
         print(f"QAT {b}-bit: simulate == Brevitas on all {res.n_test} test rows: {ok} (max |diff| {res.qat_max_deviation[b]:g})")
     for v in res.variants:
         if v.rtl_matches_simulate is not None:
             print(f"{v.name}: Verilator RTL == simulate on the checked rows: {v.rtl_matches_simulate}")
+        if v.csim_matches_simulate is not None:
+            print(f"{v.name}: hls4ml C-sim == simulate on the checked rows: {v.csim_matches_simulate}")
 
 
 if __name__ == "__main__":  # pragma: no cover
