@@ -215,7 +215,8 @@ def main() -> None:  # pragma: no cover - a command-line wrapper around run()
     ap.add_argument("--qat-epochs", type=int, default=6)
     ap.add_argument("--rtl", action="store_true", help="Verilator cycles and Yosys LUTs, hls4ml C-sim of the QAT kernels (minutes)")
     ap.add_argument("--rounding", default="round", choices=("round", "floor"), help="Brevitas activation rounding")
-    ap.add_argument("--rtl-variants", default=None, help="variants built under Verilator and Yosys (default all; the others: da4ml's estimate)")
+    ap.add_argument("--rtl-variants", default=None,
+                    help="variants built under Verilator and Yosys (default all; the others: da4ml's estimate)")
     a = ap.parse_args()
     res = run(bits=tuple(int(b) for b in a.bits.split(",")), qat_epochs=a.qat_epochs, rtl=a.rtl, rounding=a.rounding,
               rtl_variants=tuple(a.rtl_variants.split(",")) if a.rtl_variants else None)

@@ -112,9 +112,11 @@ def _half_even_net() -> MLP:
         seq[2].bias.zero_()
     precision = {
         "input": "ap_fixed<10,4>",
-        "fc0": {"weight": "ap_fixed<6,2>", "bias": "ap_fixed<8,2>", "accum": "ap_fixed<24,8>", "result": "ap_fixed<9,4,AP_RND_CONV,AP_SAT>"},
+        "fc0": {"weight": "ap_fixed<6,2>", "bias": "ap_fixed<8,2>", "accum": "ap_fixed<24,8>",
+                "result": "ap_fixed<9,4,AP_RND_CONV,AP_SAT>"},
         "lrelu1": {"param": "ap_fixed<6,2>", "result": "ap_fixed<7,3,AP_RND_CONV,AP_WRAP>"},
-        "fc2": {"weight": "ap_fixed<6,2>", "bias": "ap_fixed<6,2>", "accum": "ap_fixed<24,8>", "result": "ap_fixed<6,3,AP_RND_CONV,AP_SAT_SYM>"},
+        "fc2": {"weight": "ap_fixed<6,2>", "bias": "ap_fixed<6,2>", "accum": "ap_fixed<24,8>",
+                "result": "ap_fixed<6,3,AP_RND_CONV,AP_SAT_SYM>"},
         "relu3": "ap_ufixed<3,2,AP_RND_CONV,AP_SAT>",
     }
     return MLP.from_float(seq, precision=precision, n_features=4, device="sim")
