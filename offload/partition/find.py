@@ -289,8 +289,9 @@ def split_scored_sigmoid(cands: list[Candidate], mods: dict) -> list[Skipped]:
 
 def apply(st: State) -> None:
     """Pass: trace ``st.model`` (a failure lands in ``st.trace_error``) and list its candidates, each
-    with a report row, then the skipped nodes, each with a "kept" row saying why. Under an AUC
-    budget a sigmoid computing the scored output stays on the host (:func:`split_scored_sigmoid`)."""
+    with a report row, then the skipped nodes, each with a "kept" row saying why. When the holdout
+    is scored by AUC (an ``auc_drop`` budget, or labels without a budget) a sigmoid computing the
+    scored output stays on the host (:func:`split_scored_sigmoid`)."""
     try:
         st.gm = trace(st.model)
     except Exception as e:  # noqa: BLE001 - FX raises many types (TraceError, TypeError, RuntimeError...)
