@@ -172,6 +172,20 @@ class Bundle:
             raise InputError(f"bundle {self.name!r} has no kernel {kernel!r}; it has {sorted(self.kernels)}")
         return self.rings.get(kernel, DEFAULT_RING)
 
+    def ring_sizes_for(self, device: str, ring_slots: int | None, ring_rows: int | None) -> dict[str, tuple[int, int]]:
+        """``kernel -> (slots, rows)`` of every recorded ring, for ``device`` opened with
+        ``ring_slots``/``ring_rows`` (None: not given). A size given that differs from the one a
+        persistent top was built for is a :class:`BundleError` naming both, raised before anything loads."""
+        sizes = {}
+        for name, r in self.rings.items():
+            for what, mine, built in (("ring_slots", ring_slots, r.slots), ("ring_rows", ring_rows, r.rows)):
+                if mine is not None and mine != built:
+                    raise BundleError(f"bundle {self.name!r}: kernel {name!r}: its persistent top was built for a ring of {r.slots} slots of "
+                                      f"{r.rows} rows, and device {device!r} was opened with {what}={mine}; open it without {what} "
+                                      "to use the bundle's")
+            sizes[name] = (r.slots, r.rows)
+        return sizes
+
     def open(self, device: str | None = None, launch: str | None = None) -> tuple[Any, dict[str, Any]]:
         """Open ``device`` (a spec, default ``$OFFLOAD_DEVICE`` or sim) in ``launch`` mode (default
         the one ``load(launch=)`` checked, else per call; ``"auto"``: persistent where both the

@@ -50,7 +50,7 @@ from offload.host._pool import BufferPool
 from offload.host.device import LAUNCH_MODES, DeviceError, DeviceTimeout, KernelHandle, Probe, register_device
 from offload.kernels.registry import get_kind
 from offload.kernels.ring import HDR_STOP, SLOT_REQ_SEQ, STOP, Field, RingLayout
-from offload.sim.errors import BundleError, InputError
+from offload.sim.errors import InputError
 
 __all__ = ["EmuDevice", "Csim", "load_top"]
 
@@ -158,14 +158,8 @@ class EmuDevice(BufferedDevice):
         module doc), every size checked before the first kernel loads."""
         if self.launch != "persistent":
             return super().load_bundle(bundle)
-        sizes = {}
-        for name, r in bundle.rings.items():  # unrecorded: the device's ring (emu builds the loop at load)
-            for what, mine, built in (("ring_slots", self._ring_slots, r.slots), ("ring_rows", self._ring_rows, r.rows)):
-                if mine is not None and mine != built:
-                    raise BundleError(f"bundle {bundle.name!r}: kernel {name!r}: its persistent top was built for a ring of {r.slots} slots of "
-                                      f"{r.rows} rows, and device {self.name!r} was opened with {what}={mine}; open it without {what} "
-                                      "to use the bundle's")
-            sizes[name] = (r.slots, r.rows)
+        # unrecorded: the device's ring (emu builds the loop at load)
+        sizes = bundle.ring_sizes_for(self.name, self._ring_slots, self._ring_rows)
         with self._sizing:
             self._sizes = sizes
             try:

@@ -99,7 +99,7 @@ from offload.host._buffered import BufferedDevice, Loaded, next_live_cu
 from offload.host._pool import BufferPool
 from offload.host.device import LAUNCH_MODES, DeviceError, DeviceTimeout, Probe, register_device
 from offload.kernels.ring import HDR_STOP, LINE, SLOT_REQ_SEQ, STOP, RingLayout
-from offload.sim.errors import BundleError, InputError, UnsupportedError
+from offload.sim.errors import InputError, UnsupportedError
 
 __all__ = ["XrtDevice", "XrtApi", "import_pyxrt", "pyxrt_import_problem", "xrt_api", "count_devices", "xrt_version",
            "persistent_problem", "MIN_XRT", "PERSISTENT_TIMEOUT_S", "SPIN_S"]
@@ -400,13 +400,8 @@ class XrtDevice(BufferedDevice):
             raise DeviceError(f"bundle {bundle.name!r} has no xclbin: build it with `offload build BUNDLE --target CARD --vitis` first")
         sizes = {}
         if self.launch == "persistent":  # every ring size checked before the card is programmed
-            for name, r in bundle.rings.items():  # unrecorded: the device's ring_slots/ring_rows, else the defaults
-                for what, mine, built in (("ring_slots", self._ring_slots, r.slots), ("ring_rows", self._ring_rows, r.rows)):
-                    if mine is not None and mine != built:
-                        raise BundleError(f"bundle {bundle.name!r}: kernel {name!r}: its persistent top was built for a ring of {r.slots} slots "
-                                          f"of {r.rows} rows, and device {self.name!r} was opened with {what}={mine}; open it without {what} "
-                                          "to use the bundle's")
-                sizes[name] = (r.slots, r.rows)
+            # unrecorded: the device's ring_slots/ring_rows, else the defaults
+            sizes = bundle.ring_sizes_for(self.name, self._ring_slots, self._ring_rows)
         self.load_xclbin(bundle.xclbin, bundle.xclbin_uuid, bundle.compute_units)
         with self._sizing:
             self._sizes = sizes
