@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from offload.plan import Table
 from offload.plan.trace import IndexTrace, generate
 from offload.sim.errors import InputError
 
@@ -77,9 +78,20 @@ def test_the_default_seed_is_0():
 def test_malformed_traces_are_refused():
     idx, off, lens = np.array([1, 2, 0]), np.array([0, 2, 3]), np.array([[2, 1]])
     IndexTrace(idx, off, lens)  # well formed: one table, two bags
+    IndexTrace(idx + 1, off, lens)  # row 0 never read is fine too
     with pytest.raises(InputError, match="lengths T x B"):
         IndexTrace(idx, off, lens.reshape(-1))
     with pytest.raises(InputError, match="lengths T x B"):
         IndexTrace(idx.reshape(1, -1), off, lens)
     with pytest.raises(InputError, match="negative index -1"):
         IndexTrace(np.array([1, -1, 0]), off, lens)
+
+
+def test_a_table_read_once_gets_its_access_histogram():
+    # Table "once" is read by one lookup in the whole trace, table "never" by none.
+    tr = IndexTrace(np.array([5, 0, 1, 2]), np.array([0, 1, 1, 4, 4]), np.array([[1, 0], [3, 0]]), names=("once", "busy"))
+    once, busy = tr.apply([Table("once", 8, 4), Table("busy", 3, 4)])
+    assert once.access is not None and sum(once.access) == 1.0 and once.access[5] == 1.0
+    assert busy.access == (1.0, 1.0, 1.0) and once.pooling_factor == 0.5 and busy.pooling_factor == 1.5
+    (never,) = IndexTrace(np.zeros(0, np.int64), np.array([0, 0, 0]), np.array([[0, 0]])).apply([Table("never", 8, 4)])
+    assert never.access is None and never.pooling_factor == 0.0
