@@ -95,3 +95,13 @@ def test_a_table_read_once_gets_its_access_histogram():
     assert busy.access == (1.0, 1.0, 1.0) and once.pooling_factor == 0.5 and busy.pooling_factor == 1.5
     (never,) = IndexTrace(np.zeros(0, np.int64), np.array([0, 0, 0]), np.array([[0, 0]])).apply([Table("never", 8, 4)])
     assert never.access is None and never.pooling_factor == 0.0
+
+
+def test_a_trace_of_many_unnamed_tables_matches_them_by_position():
+    # 300 tables: counts past CPython's small-int cache are compared by value.
+    T = 300
+    tr = IndexTrace(np.arange(T) % 7, np.arange(T + 1), np.ones((T, 1), np.int64))
+    out = tr.apply([Table(f"t{i}", 7, 4) for i in range(T)])
+    assert [t.access.index(1.0) for t in out] == [i % 7 for i in range(T)]
+    with pytest.raises(InputError, match="300 tables for 299 planned"):
+        tr.apply([Table(f"t{i}", 7, 4) for i in range(T - 1)])
