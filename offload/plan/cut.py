@@ -80,6 +80,8 @@ def lookups(kernel: Kernel, plan: Plan, *, weighted: bool = False) -> list[Looku
         tp = plan.table(name)
         if weighted:
             raise UnsupportedError(f"plan: merged table {name!r}: a weighted collection's one-hot features cannot share a product table")
+        if len(tp.parts) != 2:  # only parts[0] and parts[1] are read below: a third part's feature would go unlooked-up
+            raise UnsupportedError(f"plan: merged table {name!r} has {len(tp.parts)} parts; a Cartesian merge is of two one-hot tables")
         by_name = {spec.tables[ftm[f]].name: f for f in fs}
         if sorted(by_name) != sorted(tp.parts) or len(fs) != len(tp.parts):
             raise InputError(f"plan: merged table {name!r} needs features of {list(tp.parts)} in one pooling group, got {sorted(by_name)}")
@@ -90,6 +92,8 @@ def lookups(kernel: Kernel, plan: Plan, *, weighted: bool = False) -> list[Looku
         A, Bt = kernel.tensors[f"table{ftm[fa]}"], kernel.tensors[f"table{ftm[fb]}"]
         prod = np.hstack([np.repeat(A, tb.num_rows, axis=0), np.tile(Bt, (ta.num_rows, 1))])
         ts = TableSpec(name, ta.num_rows * tb.num_rows, ta.dim + tb.dim, ta.fmt)
+        if (tp.rows, tp.dim) != (ts.num_rows, ts.dim):
+            raise InputError(f"plan: merged table {name!r} is planned {tp.rows} x {tp.dim}, its parts' product is {ts.num_rows} x {ts.dim}")
         out.append(Lookup((fa, fb), ts, {"table": prod}, (ta.num_rows, tb.num_rows), (ta.dim, tb.dim), name))
     return out
 

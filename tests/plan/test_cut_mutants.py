@@ -123,3 +123,18 @@ def test_a_table_planned_at_another_shape_is_refused():
         plan = _plan(TablePlan("t", rows, dim, FMT, "table_wise", 1.0, ("f",), _shards([0, rows], dim)))
         with pytest.raises(InputError, match="planned"):
             lookups(kernel, plan)
+
+
+@pytest.mark.parametrize("parts, rows, dim, match", [
+    (("a", "b", "c"), 70, 7, "3 parts"),   # a third part's feature would never be looked up
+    (("a", "b"), 36, 5, "planned 36 x 5, its parts' product is 35 x 5"),
+    (("a", "b"), 35, 4, "planned 35 x 4"),
+])
+def test_a_merge_planned_other_than_the_two_parts_product_is_refused(parts, rows, dim, match):
+    spec = make_spec([TableSpec("a", 7, 2, FMT), TableSpec("b", 5, 3, FMT), TableSpec("c", 2, 2, FMT)], mode="sum", max_bag_size=4)
+    kernel = make_kernel("k", spec, [np.ones((7, 2)), np.ones((5, 3)), np.ones((2, 2))])
+    shards = (Shard(0, 0, "DDR", 0, 0, rows, 0, dim, 0, 0.0, 0.0),)
+    merged = TablePlan("m", rows, dim, FMT, "table_wise", 1.0, (), shards, parts, (7, 5, 2)[:len(parts)], (2, 3, 2)[:len(parts)])
+    rest = () if "c" in parts else (TablePlan("c", 2, 2, FMT, "table_wise", 1.0, (), _shards([0, 2], 2)),)
+    with pytest.raises((InputError, UnsupportedError), match=match):
+        lookups(kernel, _plan(merged, *rest))
