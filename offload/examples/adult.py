@@ -144,7 +144,7 @@ class AdultResult:
 
 def _rtl(v: Variant, x: np.ndarray, out: Path, build: bool = True) -> None:
     """da4ml's design and its LUT estimate (seconds); ``build``: Verilator and Yosys too (a 16-bit
-    design takes Yosys well over half an hour of CPU)."""
+    design takes Yosys about 20 minutes)."""
     rtl = v.mlp.to_rtl(str(out / v.name), clock_mhz=300.0)
     v.da4ml_luts = float(rtl.meta["da4ml_cost_lut"])
     if not build:
