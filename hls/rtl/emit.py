@@ -167,18 +167,18 @@ def _floats(raw: np.ndarray, t: FixedType, what: str) -> np.ndarray:
 
 def _inexact_accum(layer: MlpLayer, xt: FixedType, x, w_raw: np.ndarray, b_raw: np.ndarray | None) -> str | None:
     """Why a latency-strategy dense layer's accum_t casts could round or overflow (None: they cannot)."""
-    at, wt = FixedType.parse(layer.accum), FixedType.parse(layer.weight)
+    at, wt = layer.accum, layer.weight
     pt = mul_type(xt, wt)
     if pt.F > at.F:
         return f"products have {pt.F} fraction bits, accum {at} keeps {at.F}"
-    if layer.use_bias and FixedType.parse(layer.bias).F > at.F:
+    if layer.use_bias and layer.bias.F > at.F:
         return f"bias has more fraction bits than accum {at}"
     if not at.signed:
         return f"accum {at} is unsigned"
     xmax = np.array([max(abs(float(v.low)), abs(float(v.high))) for v in x._vars.ravel()])
     bound = xmax @ np.abs(w_raw.astype(np.float64) * 2.0 ** (-wt.F))
     if b_raw is not None:
-        bound = bound + np.abs(b_raw.astype(np.float64)) * 2.0 ** (-FixedType.parse(layer.bias).F)
+        bound = bound + np.abs(b_raw.astype(np.float64)) * 2.0 ** (-layer.bias.F)
     if bound.size and float(bound.max()) > min(at.max_float, -at.min_float):
         return f"partial sums can reach {float(bound.max()):g}, beyond accum {at}"
     return None
@@ -192,7 +192,7 @@ def _dense_stepwise(layer: MlpLayer, x, w: np.ndarray, b_raw: np.ndarray | None,
     the latency strategy's datapath, not distributed arithmetic). A saturating accum_t would need a
     clamp after every addition in index order; it is refused.
     """
-    at = FixedType.parse(layer.accum)
+    at = layer.accum
     what = f"layer {layer.name!r} (dense)"
     if at.overflow != "AP_WRAP" or at.sat_bits:
         raise UnsupportedError(
@@ -202,7 +202,7 @@ def _dense_stepwise(layer: MlpLayer, x, w: np.ndarray, b_raw: np.ndarray | None,
     from da4ml.trace import FixedVariableArray
 
     if b_raw is not None:
-        acc0 = at.to_float(at.cast(np.asarray(b_raw, dtype=np.int64), FixedType.parse(layer.bias)))
+        acc0 = at.to_float(at.cast(np.asarray(b_raw, dtype=np.int64), layer.bias))
     else:
         acc0 = np.zeros(layer.n_out)
     outs = []
@@ -220,7 +220,7 @@ def _table_layer(layer: MlpLayer, xt: FixedType, x):
     """Sigmoid/tanh as per-lane lookups filled by the simulator over each lane's input codes."""
     from da4ml.trace import FixedVariableArray
 
-    rt = FixedType.parse(layer.result)
+    rt = layer.result
     one = dataclasses.replace(layer, n_in=1, n_out=1)
     outs = []
     cache: dict[tuple[Decimal, Decimal, Decimal], np.ndarray] = {}
@@ -249,16 +249,16 @@ def _trace_layers(spec, tensors: Mapping[str, np.ndarray], cutoff: float, exact_
     from da4ml.trace import FixedVariableArray, HWConfig
 
     hw = HWConfig(1, -1, cutoff)
-    t = FixedType.parse(spec.input_type)
+    t = spec.input_type
     k, i, f = _kif(t)
     n = spec.n_features
     x_in = FixedVariableArray.from_kif(np.full(n, k), np.full(n, i), np.full(n, f), hwconf=hw)
     x = x_in
     for layer in spec.layers:
-        rt = FixedType.parse(layer.result)
+        rt = layer.result
         what = f"layer {layer.name!r} ({layer.op})"
         if layer.op == "dense":
-            wt = FixedType.parse(layer.weight)
+            wt = layer.weight
             w_raw = np.asarray(tensors[f"{layer.name}.weight"], dtype=np.int64)
             b_raw = np.asarray(tensors[f"{layer.name}.bias"], dtype=np.int64) if layer.use_bias else None
             w = _floats(w_raw, wt, f"{what} weight")
@@ -266,19 +266,19 @@ def _trace_layers(spec, tensors: Mapping[str, np.ndarray], cutoff: float, exact_
             if why is None:
                 y = x @ w
                 if b_raw is not None:
-                    y = y + _floats(b_raw, FixedType.parse(layer.bias), f"{what} bias")
+                    y = y + _floats(b_raw, layer.bias, f"{what} bias")
             else:
                 y = _dense_stepwise(layer, x, w, b_raw, why)
             x = _cast(y, rt, what)
         elif layer.op == "batchnorm":
-            st, bt = FixedType.parse(layer.scale), FixedType.parse(layer.bias)
+            st, bt = layer.scale, layer.bias
             s = _floats(tensors[f"{layer.name}.scale"], st, f"{what} scale")
             b = _floats(tensors[f"{layer.name}.bias"], bt, f"{what} bias")
             x = _cast(x * s + b, rt, what)
         elif layer.op == "relu":
             x = _cast(x.relu(), rt, what)
         elif layer.op == "leaky_relu":
-            pt = FixedType.parse(layer.param)
+            pt = layer.param
             alpha = float(pt.to_float(pt.quantize(np.float64(layer.alpha))))
             neg = -((-x).relu())
             x = _cast(x.relu(), rt, what) + _cast(neg * alpha, rt, what)
@@ -326,10 +326,10 @@ def trace_spec(spec, tensors: Mapping[str, np.ndarray], *, clock_mhz: float = 30
     kout = [_minimal_kif(q) for q in pipe.out_qint]
     in_bits = max(kk + ii for kk, ii, _ in kin) + max(ff for _, _, ff in kin)
     out_bits = max(kk + ii for kk, ii, _ in kout) + max(ff for _, _, ff in kout)
-    t_in = FixedType.parse(spec.input_type)
+    t_in = spec.input_type
     if in_bits != t_in.W or max(ff for _, _, ff in kin) != t_in.F:
         raise ToolError(f"da4ml narrowed the input lanes to {kin[0]}, expected {_kif(t_in)} (the testbench feeds whole input codes)")
-    return Design(pipe, spec.n_features, spec.n_outputs, t_in, FixedType.parse(spec.output_type), float(clock_mhz), cutoff,
+    return Design(pipe, spec.n_features, spec.n_outputs, t_in, spec.output_type, float(clock_mhz), cutoff,
                   in_bits, max(out_bits, 1), max(ff for _, _, ff in kout), any(kk for kk, _, _ in kout), tuple(levels))
 
 

@@ -109,7 +109,7 @@ class RtlModel:
         design = emit.trace_spec(spec, tensors, clock_mhz=clock_mhz, exact_accumulation=exact_accumulation,
                                  cutoff=latency_cutoff)
         meta = emit.write_design(design, directory, tag_bits=tag_bits)
-        t_in = FixedType.parse(spec.input_type)
+        t_in = spec.input_type
         layers, weights = tuple(spec.layers), dict(tensors)
 
         def reference(raw: np.ndarray) -> np.ndarray:
