@@ -186,3 +186,16 @@ def test_not_json_is_refused(tmp_path):
         Plan.from_json(tmp_path / "p.json")
     with pytest.raises(InputError, match="format 1"):
         Plan.from_dict([])
+
+
+def test_a_plan_read_back_equals_the_plan_and_explains_the_same(tmp_path):
+    # Read from JSON, a shard's kind is a fresh string (not the literal the planner used): the
+    # explanation counts its banks all the same, and the fields come back as tuples.
+    plan = _plan()
+    plan.to_json(tmp_path / "p.json")
+    back = Plan.from_json(tmp_path / "p.json")
+    assert back == plan and hash(back.tables) == hash(plan.tables)
+    assert back.explain() == plan.explain()
+    one = Plan.from_dict(json.loads(FILE))
+    cards = [line.split()[:6] for line in one.explain().split("\n")[5:7]]
+    assert cards == [["h0c1", "u250", "48", "B", "0", "1"], ["h1c0", "u55c", "32", "B", "1", "0"]]
