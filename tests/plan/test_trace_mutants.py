@@ -70,9 +70,10 @@ def test_a_pooling_of_0_is_a_table_never_looked_up():
         generate([10], batch=5, pooling=-0.5)
 
 
-def test_the_default_seed_is_0():
+def test_the_defaults_are_one_hot_bags_and_seed_0():
     a, b = generate([100, 9], batch=40, pooling=[3, 1]), generate([100, 9], batch=40, pooling=[3, 1], seed=0)
     assert (a.indices == b.indices).all() and (a.lengths == b.lengths).all()
+    assert (generate([100, 9], batch=40).lengths == 1).all()
 
 
 def test_malformed_traces_are_refused():
