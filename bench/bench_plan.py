@@ -15,7 +15,7 @@ times a batch of ``--batch`` samples.
 
 ``--torchrec`` runs part 1 and then TorchRec's own planner (``EmbeddingShardingPlanner.plan``, single
 process: ``collective_plan`` only adds a process group's broadcast, planners.py) on the same tables
-for ``--gpus`` GPUs of ``--gpu-gb`` GB, in place of part 2: per table TorchRec's sharding type, compute
+for ``--gpus`` GPUs of ``--gpu-gb`` GiB, in place of part 2: per table TorchRec's sharding type, compute
 kernel and ranks beside offload's sharding, cards and memory, then devices used, bytes per device
 and TorchRec's perf estimate. It plans inference the way ``torchrec.inference.modules.shard_quant_model``
 does (a quantized ``EmbeddingBagCollection`` on the meta device, ``QuantEmbeddingBagCollectionSharder``,
@@ -187,7 +187,7 @@ class TorchrecPlan:
 def torchrec_plan(tables, data_type: str, *, gpus: int = 8, gpu_gb: float = 80, batch: int = 512,
                   hbm_only: bool = False) -> TorchrecPlan:
     """Plan ``tables`` (``offload.plan.Table``s: name, rows, dim, pooling factor) with TorchRec's
-    ``EmbeddingShardingPlanner`` for inference on ``gpus`` GPUs of ``gpu_gb`` GB in ``data_type``
+    ``EmbeddingShardingPlanner`` for inference on ``gpus`` GPUs of ``gpu_gb`` GiB in ``data_type``
     (a ``torchrec`` ``DataType`` name: "FP32", "INT8"); ``hbm_only`` allows only the ``quant``
     kernel (no UVM caching from host memory). Needs no GPU and no process group.
 
@@ -260,7 +260,7 @@ def fewest_gpus(tables, data_type: str, *, gpu_gb: float, batch: int, up_to: int
             return torchrec_plan(tables, data_type, gpus=n, gpu_gb=gpu_gb, batch=batch, hbm_only=hbm_only)
         except PlannerError:
             continue
-    raise SystemExit(f"TorchRec finds no plan on up to {up_to} GPUs of {gpu_gb:g} GB")
+    raise SystemExit(f"TorchRec finds no plan on up to {up_to} GPUs of {gpu_gb:g} GiB")
 
 
 def compare_rows(plan, tr: TorchrecPlan) -> list:
@@ -283,7 +283,7 @@ def _ranks(rs) -> str:
 
 
 def compare_torchrec(plans, batch, gpus, gpu_gb):
-    print(f"\nTorchRec {_torchrec_version()} EmbeddingShardingPlanner.plan, inference, {gpus} GPUs x {gpu_gb:g} GB "
+    print(f"\nTorchRec {_torchrec_version()} EmbeddingShardingPlanner.plan, inference, {gpus} GPUs x {gpu_gb:g} GiB "
           f"(compute_device='cuda' cost model, planned on this CPU), batch {batch}, same rows/dim/pooling; offload: part 1's U55C plan")
     for fname in FORMATS:
         plan = plans[(fname, "u55c")]
@@ -306,7 +306,7 @@ def compare_torchrec(plans, batch, gpus, gpu_gb):
         for hbm_only in (True, False):
             few = fewest_gpus(dlrm_tables(FORMATS[fname]), TORCHREC_TYPES[fname], gpu_gb=gpu_gb, batch=batch, up_to=gpus, hbm_only=hbm_only)
             uvm = [n for n, v in few.tables.items() if v[4] > 0]
-            print(f"TorchRec, fewest {gpu_gb:g} GB GPUs, {'HBM only' if hbm_only else 'UVM caching allowed'}: "
+            print(f"TorchRec, fewest {gpu_gb:g} GiB GPUs, {'HBM only' if hbm_only else 'UVM caching allowed'}: "
                   f"{len(few.rank_bytes)} GPU(s), {_counts(v[0] for v in few.tables.values())}, "
                   f"kernels {_counts(v[1] for v in few.tables.values())}"
                   + (f" ({','.join(uvm)}: {sum(few.rank_ddr.values()) / 1e9:.1f} GB in host DDR)" if uvm else "")
@@ -343,7 +343,7 @@ def main(argv=None):
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--torchrec", action="store_true", help="after part 1, TorchRec's planner on the same tables (no part 2)")
     ap.add_argument("--gpus", type=int, default=8, help="--torchrec: GPUs in TorchRec's topology")
-    ap.add_argument("--gpu-gb", type=float, default=80, help="--torchrec: HBM per GPU, GB (2^30 bytes)")
+    ap.add_argument("--gpu-gb", type=float, default=80, help="--torchrec: HBM per GPU, GiB")
     a = ap.parse_args(argv)
     print(f"command: .venv/bin/python bench/bench_plan.py {' '.join(argv if argv is not None else sys.argv[1:])}\n")
     plans = part1(a.batch)
