@@ -138,3 +138,31 @@ def test_a_merge_planned_other_than_the_two_parts_product_is_refused(parts, rows
     rest = () if "c" in parts else (TablePlan("c", 2, 2, FMT, "table_wise", 1.0, (), _shards([0, 2], 2)),)
     with pytest.raises((InputError, UnsupportedError), match=match):
         lookups(kernel, _plan(merged, *rest))
+
+
+@pytest.mark.parametrize("a, b, match", [
+    (TableSpec("a", 7, 2, FMT), TableSpec("b", 5, 3, "ap_fixed<8,3>"), "one fixed-point format"),
+    (TableSpec("a", 7, 2, FMT, padding_idx=0), TableSpec("b", 5, 3, FMT), "no padding row"),
+    (TableSpec("a", 7, 2, FMT), TableSpec("b", 5, 3, FMT, padding_idx=4), "no padding row"),
+])
+def test_merge_parts_of_two_formats_or_with_a_padding_row_are_refused(a, b, match):
+    spec = make_spec([a, b], mode="sum", max_bag_size=4)
+    kernel = make_kernel("k", spec, [np.zeros((7, 2)), np.zeros((5, 3))])
+    _, plan = _merge_case()
+    with pytest.raises(UnsupportedError, match=match):
+        lookups(kernel, plan)
+
+
+def test_a_merge_whose_two_features_both_read_one_part_is_refused():
+    # Features a, a: as many features as parts, but part b is never looked up.
+    kernel, plan = _merge_case(ftm=(0, 0))
+    with pytest.raises(InputError, match=r"needs features of \['a', 'b'\] in one pooling group, got \['a'\]"):
+        lookups(kernel, plan)
+
+
+def test_card_kernels_are_named_for_their_host_card_and_group():
+    spec = make_spec([TableSpec("t", 30, 2, FMT)], mode="sum", max_bag_size=4)
+    kernel = make_kernel("k", spec, [np.zeros((30, 2))])
+    plan = _plan(TablePlan("t", 30, 2, FMT, "row_wise", 1.0, ("f",), _shards([0, 10, 20, 30], 2)))
+    names = {card: [k.name for k, _ in ks] for card, ks in card_kernels([kernel, kernel], plan).items()}
+    assert names == {(h, c): [f"shard_h{h}c{c}_g0", f"shard_h{h}c{c}_g1"] for h, c in CARDS}
