@@ -137,7 +137,7 @@ def _pow2_exponent(scale: torch.Tensor, where: str) -> int | np.ndarray:
     e = np.log2(s)
     if not np.all(np.isfinite(e)) or not np.all(e == np.round(e)):
         bad = s[~(np.isfinite(e) & (e == np.round(e)))][0]
-        raise UnsupportedError(f"{where}: scale {bad!r} is not a power of two; the kernel's fixed-point types need "
+        raise UnsupportedError(f"{where}: scale {float(bad)!r} is not a power of two; the kernel's fixed-point types need "
                                "power-of-two scales (Brevitas's *FixedPoint quantizers, restrict_scaling_type=POWER_OF_TWO)")
     e = np.round(e).astype(np.int64)
     return int(e[0]) if e.size == 1 or np.all(e == e[0]) else e

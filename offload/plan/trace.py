@@ -153,6 +153,8 @@ def generate(rows: Sequence[int], batch: int, pooling: float | Sequence[float] =
         raise InputError(f"mode: one of {MODES}, got {mode!r}")
     if batch < 1:
         raise InputError(f"batch: >= 1, got {batch}")
+    if len(rows) < 1:
+        raise InputError("rows: at least one table, got none")
     rng = np.random.default_rng(seed)
     pools = [float(pooling)] * len(rows) if np.isscalar(pooling) else [float(p) for p in pooling]
     if len(pools) != len(rows):
@@ -173,7 +175,7 @@ def generate(rows: Sequence[int], batch: int, pooling: float | Sequence[float] =
         idx.append(ix.astype(np.int64))
     lengths = np.stack(lens)
     offsets = np.concatenate(([0], np.cumsum(lengths.reshape(-1))))
-    return IndexTrace(np.concatenate(idx) if idx else np.zeros(0, np.int64), offsets, lengths,
+    return IndexTrace(np.concatenate(idx), offsets, lengths,
                       None if names is None else tuple(names))
 
 

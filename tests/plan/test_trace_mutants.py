@@ -106,3 +106,8 @@ def test_a_trace_of_many_unnamed_tables_matches_them_by_position():
     assert [t.access.index(1.0) for t in out] == [i % 7 for i in range(T)]
     with pytest.raises(InputError, match="300 tables for 299 planned"):
         tr.apply([Table(f"t{i}", 7, 4) for i in range(T - 1)])
+
+
+def test_a_trace_of_no_tables_is_refused_naming_rows():
+    with pytest.raises(InputError, match="rows: at least one table"):
+        generate([], batch=4)
