@@ -68,7 +68,7 @@ def test_a_scale_near_a_power_of_two_is_refused_naming_it(max_w, scale):
     lin = qnn.QuantLinear(4, 2, bias=False, weight_bit_width=4, weight_quant=Int8WeightPerTensorFloat)
     with torch.no_grad():
         lin.weight[:] = torch.tensor([[max_w, 1, -1, 1], [1, -1, 1, 1.0]])
-    assert float(lin.quant_weight().scale) == scale  # max|w| / 7: Brevitas's own scale
+    assert float(lin.quant_weight().scale.detach()) == scale  # max|w| / 7: Brevitas's own scale
     net = torch.nn.Sequential(qnn.QuantIdentity(bit_width=6, act_quant=Int8ActPerTensorFixedPoint, return_quant_tensor=True), lin).eval()
     # the value as NumPy prints a float64 scalar, in either NumPy's repr
     with pytest.raises(UnsupportedError, match=rf"layer '1' \(QuantLinear\) weight: scale {scale} is not a power of two"):
