@@ -37,6 +37,8 @@ class Loaded:
     top: str
     args: tuple[KernelArg, ...]
     state: Any = None
+    # The ring (slots, rows) a bundle recorded for this kernel's persistent top; None: the device's.
+    ring: tuple[int, int] | None = None
 
 
 def next_live_cu(loaded: Loaded, device: str) -> Any:
@@ -109,11 +111,14 @@ class BufferedDevice:
     # -- protocol -----------------------------------------------------------------------------
     def load(self, kernel: Kernel) -> KernelHandle:
         """Upload ``kernel``'s resident tensors once; the returned handle runs it."""
+        return self._load(kernel, None)
+
+    def _load(self, kernel: Kernel, ring: tuple[int, int] | None) -> KernelHandle:
         self._check_open()
         frozen = resident_copy(kernel)
         hk = get_hls_kind(kernel.kind)
         args = tuple(hk.top_args(frozen.spec))
-        loaded = Loaded(frozen, hk, hk.top_name(frozen.spec), args)
+        loaded = Loaded(frozen, hk, hk.top_name(frozen.spec), args, ring=ring)
         packed = hk.pack_resident(frozen.spec, frozen.tensors)
         resident = {}
         for a in args:
@@ -135,7 +140,11 @@ class BufferedDevice:
 
     def load_bundle(self, bundle: Any) -> dict[str, KernelHandle]:
         """Load every kernel of a :class:`offload.host.bundle.Bundle`; name -> handle."""
-        return {name: self.load(k) for name, k in bundle.kernels.items()}
+        return self._load_all(bundle, {})
+
+    def _load_all(self, bundle: Any, rings: Mapping[str, tuple[int, int]]) -> dict[str, KernelHandle]:
+        """Every kernel of ``bundle``, each with the ring ``rings`` names for it (see :class:`Loaded`)."""
+        return {name: self._load(k, rings.get(name)) for name, k in bundle.kernels.items()}
 
     def run(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
         """Run synchronously: validate, marshal, execute on the device, unmarshal."""

@@ -139,8 +139,6 @@ class EmuDevice(BufferedDevice):
         self.launch = launch
         self._pool: BufferPool[np.ndarray] = BufferPool(_alloc_device)
         self._ring_rows, self._ring_slots = ring_rows, ring_slots
-        self._sizes: dict[str, tuple[int, int]] = {}  # kernel name -> (slots, rows) from the bundle being loaded
-        self._sizing = threading.Lock()  # one load_bundle at a time sets _sizes
         self._csim = csim_hooks if csim_hooks is not None else Csim()
         self._ops = persistent.ring_ops() if launch == "persistent" else None
 
@@ -159,21 +157,12 @@ class EmuDevice(BufferedDevice):
         if self.launch != "persistent":
             return super().load_bundle(bundle)
         # unrecorded: the device's ring (emu builds the loop at load)
-        sizes = bundle.ring_sizes_for(self.name, self._ring_slots, self._ring_rows)
-        with self._sizing:
-            self._sizes = sizes
-            try:
-                return super().load_bundle(bundle)
-            finally:
-                self._sizes = {}
-
-    def _ring_size(self, name: str) -> tuple[int, int]:
-        return self._sizes.get(name) or (self._ring_slots or persistent.DEFAULT_SLOTS, self._ring_rows or persistent.DEFAULT_ROWS)
+        return self._load_all(bundle, bundle.ring_sizes_for(self.name, self._ring_slots, self._ring_rows))
 
     def _upload(self, loaded: Loaded, resident: dict[str, np.ndarray]) -> _EmuKernel | _RingKernel:
         spec = loaded.kernel.spec
         if self.launch == "persistent":
-            slots, rows = self._ring_size(loaded.kernel.name)
+            slots, rows = loaded.ring or (self._ring_slots or persistent.DEFAULT_SLOTS, self._ring_rows or persistent.DEFAULT_ROWS)
             layout = persistent.ring_layout(spec, rows=rows, slots=slots)
             top = persistent.load(spec, layout)
             copies = [np.array(resident[a.name], copy=True) for a in persistent.resident_args(spec)]

@@ -296,8 +296,6 @@ class XrtDevice(BufferedDevice):
         records it (a bundle that records another is refused)."""
         super().__init__(spec)
         self._ring_slots, self._ring_rows = ring_slots, ring_rows
-        self._sizes: dict[str, tuple[int, int]] = {}  # kernel name -> (slots, rows) of the bundle being loaded
-        self._sizing = threading.Lock()
         if launch not in self.launch_modes:
             raise InputError(f"launch: {launch!r} is not one of {list(self.launch_modes)}")
         self.launch = launch
@@ -384,7 +382,7 @@ class XrtDevice(BufferedDevice):
         # The mode argument is required before 2.16 (pyxrt.cpp 202120.2.12.427).
         return pyxrt.kernel(self._dev, self._uuid, name, pyxrt.kernel.cu_access_mode.shared)
 
-    def load(self, kernel: Any):
+    def _load(self, kernel: Any, ring: tuple[int, int] | None):
         """Upload ``kernel``'s resident tensors; in persistent mode also start its loop (see the module doc)."""
         if self.launch == "persistent" and self._xclbin_kernels:
             ring_top = persistent.top_name(kernel.spec)
@@ -393,7 +391,7 @@ class XrtDevice(BufferedDevice):
                     f"kernel {kernel.name!r}: launch='persistent' needs the persistent top {ring_top!r}, and xclbin {self._xclbin} "
                     f"holds only {self._xclbin_kernels}: rebuild it with `offload build` (which writes {ring_top} next to the per-call top) "
                     "or open the device with launch='per_call'")
-        return super().load(kernel)
+        return super()._load(kernel, ring)
 
     def load_bundle(self, bundle: Any) -> dict:
         if bundle.xclbin is None:
@@ -403,12 +401,7 @@ class XrtDevice(BufferedDevice):
             # unrecorded: the device's ring_slots/ring_rows, else the defaults
             sizes = bundle.ring_sizes_for(self.name, self._ring_slots, self._ring_rows)
         self.load_xclbin(bundle.xclbin, bundle.xclbin_uuid, bundle.compute_units)
-        with self._sizing:
-            self._sizes = sizes
-            try:
-                return super().load_bundle(bundle)
-            finally:
-                self._sizes = {}
+        return self._load_all(bundle, sizes)
 
     # -- hooks ----------------------------------------------------------------------------------
     def _alloc_bo(self, group: Any, size: int) -> Any:
@@ -434,7 +427,7 @@ class XrtDevice(BufferedDevice):
         per_call = not self._xclbin_kernels or loaded.top in self._xclbin_kernels
         if self.launch == "per_call" and not per_call:
             raise DeviceError(f"kernel {loaded.kernel.name!r}: top function {loaded.top!r} is not in xclbin {self._xclbin} (it holds {self._xclbin_kernels})")
-        size = self._sizes.get(loaded.kernel.name) or (self._ring_slots or persistent.DEFAULT_SLOTS, self._ring_rows or persistent.DEFAULT_ROWS)
+        size = loaded.ring or (self._ring_slots or persistent.DEFAULT_SLOTS, self._ring_rows or persistent.DEFAULT_ROWS)
         return self._upload_cus(loaded, resident, size)
 
     def _resident_bo(self, uploaded: dict, name: str, group: int, arr: np.ndarray) -> Any:
