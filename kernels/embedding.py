@@ -654,7 +654,8 @@ def _inputs_ok(spec: EmbeddingSpec, idx: np.ndarray, off: np.ndarray) -> bool:
     rows = spec._cache.get("rows")
     if rows is None:
         rows = spec._cache["rows"] = np.array([t.num_rows for t in spec.tables], dtype=np.int64)
-    return bool(fused.inputs_ok(idx, off, rows, (off.shape[0] - 1) // spec.num_tables))
+    # int64 offsets, as the fused run takes them: the variants warm_up compiled, none mid-request.
+    return bool(fused.inputs_ok(idx, off.astype(np.int64, copy=False), rows, (off.shape[0] - 1) // spec.num_tables))
 
 
 def validate(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> None:

@@ -482,11 +482,8 @@ if numba is not None:
         """``validate()``'s offsets and index rules in one pass: offsets start at 0, never
         decrease and end at ``len(idx)``; table ``t``'s indices (bags ``t*nb`` to ``(t+1)*nb``) lie
         in ``[0, rows[t])``."""
-        if off[0] != 0 or off[off.shape[0] - 1] != idx.shape[0]:
+        if not offsets_ok(off, idx.shape[0], idx.shape[0]):
             return False
-        for i in range(off.shape[0] - 1):
-            if off[i + 1] < off[i]:
-                return False
         for t in range(rows.shape[0]):
             lim = rows[t]
             for j in range(off[t * nb], off[(t + 1) * nb]):
@@ -656,6 +653,7 @@ def warm_up(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndarray |
                     w = np.zeros(0, dtype=np.int64) if weighted else None
                     with using_threads(threads):
                         _run(p, tables, params, np.zeros(0, dtype=idx_dt), np.zeros(T * B + 1, dtype=np.int64), w, 0, fp32)
+        inputs_ok(np.zeros(0, dtype=idx_dt), np.zeros(T * 2 + 1, dtype=np.int64), np.ones(T, dtype=np.int64), 2)
     dt = time.perf_counter() - t0
     _jit_total[0] += dt
     return dt
