@@ -29,10 +29,11 @@ bundle loads and runs on a machine without it.
 
 Launch. A kernel's persistent top (``offload.hls.persistent``) is compiled for one ring: ``slots``
 requests in flight, ``rows`` rows a request. ``save(..., rings=)`` and ``record_xclbin(...,
-rings=)`` (what ``offload build`` calls) record it per kernel (``Bundle.rings``); a bundle without
-the field was built for the defaults (:data:`DEFAULT_RING`). The emu and xrt devices' ``load_bundle``
-open each kernel's ring at that size, and refuse a device opened for another with a
-:class:`BundleError` naming both. ``load(..., launch=)`` checks the bundle can run that way
+rings=)`` (what ``offload build`` calls) record it per kernel (``Bundle.rings``). The emu and xrt
+devices' ``load_bundle`` open each kernel's ring at that size, and refuse a device opened for
+another with a :class:`BundleError` naming both. A kernel without the field (an older bundle, or an
+xclbin built outside ``offload build``) opens at the device's ``ring_slots``/``ring_rows`` where
+given, else at :data:`DEFAULT_RING`: the size its loop was compiled for is then the caller's word. ``load(..., launch=)`` checks the bundle can run that way
 (persistent: every kernel's kind has a ring, and a recorded xclbin holds every ``<top>_ring``);
 :meth:`Bundle.open` opens a device in that mode and loads the bundle onto it.
 
