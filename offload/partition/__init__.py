@@ -88,13 +88,22 @@ def offload(
     st = start(model, example_inputs, ops=tuple(ops), calib=calib, device=device, card=card, fmt=fmt,
                precision=precision, reuse_factor=reuse_factor, batch_tables=batch_tables, max_bag_size=max_bag_size,
                holdout=holdout, budget=budget, plan=plan, launch=launch)
-    find.apply(st)
-    if st.gm is None:
-        return untraceable(model, st.trace_error, device, st.card)
-    for step in (calibrate, card_budget, group, replace, accuracy):
-        step.apply(st)
-    _report_launch(st)
-    return replace.finish(st)
+    opened = st.device if st.device is not device else None  # a persistent device opened for this call
+    try:
+        find.apply(st)
+        if st.gm is None:
+            # Nothing runs on the device opened for this call: it goes back now.
+            if opened is not None:
+                opened.close()
+            return untraceable(model, st.trace_error, device, st.card)
+        for step in (calibrate, card_budget, group, replace, accuracy):
+            step.apply(st)
+        _report_launch(st)
+        return replace.finish(st)
+    except BaseException:
+        if opened is not None:
+            opened.close()
+        raise
 
 
 def _report_launch(st) -> None:

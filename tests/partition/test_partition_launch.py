@@ -12,6 +12,7 @@ import torch.nn as nn
 
 import offload
 from offload.host import open_device
+from offload.host.device import KernelHandle
 from offload.sim.errors import InputError, InputTypeError, OffloadError, UnsupportedError
 
 
@@ -95,3 +96,37 @@ def test_bad_launch_arguments_are_typed_errors(want):
         offload.offload(model, _inputs(0), device="sim", launch="sometimes")
     with pytest.raises(UnsupportedError, match="device 'sim': no 'persistent' launch mode"):
         offload.offload(model, _inputs(0), device="sim", launch="persistent")
+
+
+class Untraceable(OneBag):
+    def forward(self, idx, off):
+        out = self.bag(idx, off)
+        return out * 2.0 if out.sum() > 0 else out  # data-dependent control flow: fx cannot trace it
+
+
+@pytest.mark.parametrize("fail", ["untraceable", "a later pass"])
+def test_the_device_opened_for_the_call_is_closed_when_it_is_not_used(monkeypatch, fail):
+    import offload.partition.state as state
+    from offload.partition import calibrate
+
+    opened = []
+
+    def recording_open(spec, **kw):
+        dev = open_device(spec, **kw)
+        opened.append(dev)
+        return dev
+
+    monkeypatch.setattr(state, "open_device", recording_open)
+    if fail == "untraceable":
+        gm = offload.offload(Untraceable().eval(), _inputs(0), ops=("embedding_bag",), device="emu", launch="persistent")
+        assert not gm.offload_report.traced
+    else:
+        def boom(st):
+            raise RuntimeError("a pass failed")
+
+        monkeypatch.setattr(calibrate, "apply", boom)
+        with pytest.raises(RuntimeError, match="a pass failed"):
+            offload.offload(OneBag().eval(), _inputs(0), ops=("embedding_bag",), device="emu", launch="persistent")
+    (dev,) = opened
+    with pytest.raises(OffloadError, match=f"device {dev.name!r} is closed"):  # refused before the handle is read
+        dev.submit(KernelHandle(dev.name, "bag", "embedding", 0), {})
