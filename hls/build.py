@@ -312,7 +312,8 @@ def _launch_modes(launch: str) -> tuple[bool, bool]:
 
 
 def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform: str | None = None, compute_units: int | Mapping[str, int] = 1,
-                  launch: str = "per_call", placements: Mapping[str, KernelPlacement] | None = None, notes: tuple[str, ...] = ()) -> Project:
+                  launch: str = "per_call", placements: Mapping[str, KernelPlacement] | None = None, notes: tuple[str, ...] = (),
+                  ring_sizes: Mapping[str, tuple[int, int]] | None = None) -> Project:
     """Write the Vitis project for ``bundle`` (a :class:`offload.host.bundle.Bundle` or anything with
     ``kernels: dict[name, Kernel]``) and card ``target`` into ``out``.
 
@@ -321,7 +322,8 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
     count unless named). ``launch``: ``"per_call"``, ``"persistent"`` or ``"both"`` (see the
     module doc). ``placements`` (top -> placement) replaces a kind's own bank placement, as a
     plan's per-card projects do (:func:`offload.plan.project.write_card_projects`); ``notes`` go
-    into the project's README and ``project.json``.
+    into the project's README and ``project.json``. ``ring_sizes`` (kernel name -> ``(slots, rows)``,
+    a bundle's recorded rings) sizes each persistent top's ring; unnamed kernels get the defaults.
 
     Example::
 
@@ -364,10 +366,8 @@ def write_project(bundle: Any, target: str, out: str | os.PathLike, *, platform:
                 project.notes.append(why)
                 continue
             rt = persistent.top_name(k.spec)
-            # The ring the bundle records for this kernel (offload.host.bundle.RingSize), else the defaults.
-            size = getattr(bundle, "rings", {}).get(kname)
-            rows = size.rows if size is not None else persistent.DEFAULT_ROWS
-            layout = persistent.ring_layout(k.spec, rows=rows, slots=size.slots if size is not None else persistent.DEFAULT_SLOTS)
+            slots, rows = (ring_sizes or {}).get(kname, (persistent.DEFAULT_SLOTS, persistent.DEFAULT_ROWS))
+            layout = persistent.ring_layout(k.spec, rows=rows, slots=slots)
             rsrcs = persistent.sources(k.spec, layout)
             rn = compute_units.get(rt, n) if isinstance(compute_units, Mapping) else n
             rpk = ProjectKernel(rt, k.kind, [kname], sorted(rsrcs), spec=k.spec.to_json(), launch="persistent",

@@ -86,7 +86,8 @@ def build_cmd(bundle: str, target: str | None, platform: str | None, out: str, v
     if target is None:
         raise click.UsageError("--target is required (or --plan, whose cards name their type)")
     try:
-        project = hb.write_project(b, target, out, platform=platform, compute_units=cus, launch=launch)
+        project = hb.write_project(b, target, out, platform=platform, compute_units=cus, launch=launch,
+                                   ring_sizes={k: (r.slots, r.rows) for k, r in b.rings.items()})
     except UnsupportedError as e:
         raise click.ClickException(_printable(e)) from None
     con.print(f"[bold]Vitis project[/] for [cyan]{escape(_printable(b.name))}[/] on {project.card.name} ({project.platform}): {escape(str(project.root))}", soft_wrap=True)

@@ -159,3 +159,18 @@ def test_cli_build_writes_the_persistent_tops_unless_told(tmp_path):
     r = CliRunner().invoke(main, ["build", str(p), "--target", "u55c", "--out", str(tmp_path / "per"), "--launch", "per_call"])
     assert r.exit_code == 0, r.output
     assert rt not in (tmp_path / "per" / "connectivity.cfg").read_text()
+
+
+def test_the_ring_a_bundle_records_is_the_one_compiled(tmp_path):
+    """`offload build` compiles each persistent top for the ring its bundle records (else the defaults)."""
+    k = sa.make_kernel("a", n=8, scale=3)
+    rt = persistent.top_name(k.spec)
+    sized = hb.write_project(Bundle("m", {"a": k}), "u55c", tmp_path / "p1", launch="persistent", ring_sizes={"a": (4, 2)})
+    assert (sized.kernels[0].ring["slots"], sized.kernels[0].ring["rows"]) == (4, 2)
+    plain = hb.write_project(Bundle("m", {"a": k}), "u55c", tmp_path / "p2", launch="persistent")
+    assert (plain.kernels[0].ring["slots"], plain.kernels[0].ring["rows"]) == (persistent.DEFAULT_SLOTS, persistent.DEFAULT_ROWS)
+    b = save([k], tmp_path / "b", rings={"a": {"slots": 4, "rows": 2}})
+    r = CliRunner().invoke(main, ["build", str(b), "--target", "u55c", "--out", str(tmp_path / "p3"), "--launch", "persistent"])
+    assert r.exit_code == 0, r.output
+    built = json.loads((tmp_path / "p3" / "project.json").read_text())
+    assert rt in json.dumps(built) and '"slots": 4' in json.dumps(built)
