@@ -81,6 +81,11 @@ def build_cmd(bundle: str, target: str | None, platform: str | None, out: str, v
     con = _console()
     b = load_bundle(bundle)
     if plan_path is not None:
+        ctx = click.get_current_context()
+        given = [f"--{n.replace('_', '-')}" for n in ("target", "platform", "cus", "launch", "vitis_target")
+                 if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT]
+        if given:  # the plan names each card's type; its projects hold per-call tops, one unit each
+            raise click.UsageError(f"--plan: {', '.join(given)} cannot be used with it (each card's type and units come from the plan)")
         _build_plan(con, b, plan_path, out, cases, vitis)
         return
     if target is None:

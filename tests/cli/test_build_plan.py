@@ -170,3 +170,7 @@ def test_plan_and_bundle_must_agree_and_vitis_is_refused(tmp_path):
     assert r.exit_code != 0 and "make hw" in r.output
     r = CliRunner().invoke(build_cmd, [str(bpath), "--out", str(tmp_path / "b")])
     assert r.exit_code != 0 and "--target is required" in r.output
+    for extra in (["--target", "u55c"], ["--cus", "2"], ["--launch", "persistent"], ["--platform", "p"]):
+        r = CliRunner().invoke(build_cmd, [str(bpath), "--plan", str(tmp_path / "plan.json"), "--out", str(tmp_path / "c"), *extra])
+        assert r.exit_code == 2 and f"--plan: {extra[0]} cannot be used with it" in r.output, (extra, r.output)
+        assert not (tmp_path / "c").exists()  # refused before anything is written
