@@ -74,6 +74,7 @@ __all__ = [
     "RingOps",
     "top_name",
     "ring_layout",
+    "ring_size",
     "resident_args",
     "sources",
     "load",
@@ -117,6 +118,12 @@ def top_name(spec: Any) -> str:
 def resident_args(spec: Any) -> list[KernelArg]:
     """The persistent top's pointer arguments after ``ring``: the kind's resident buffers, in order."""
     return [a for a in get_hls_kind(spec.kind).top_args(spec) if a.role == "resident"]
+
+
+def ring_size(recorded: tuple[int, int] | None, slots: int | None = None, rows: int | None = None) -> tuple[int, int]:
+    """``(slots, rows)`` of a kernel's ring: the one its bundle recorded, else the device's
+    ``ring_slots``/``ring_rows`` where given, else the defaults."""
+    return recorded or (slots or DEFAULT_SLOTS, rows or DEFAULT_ROWS)
 
 
 def ring_layout(spec: Any, *, rows: int = DEFAULT_ROWS, slots: int = DEFAULT_SLOTS) -> RingLayout:

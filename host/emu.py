@@ -162,7 +162,7 @@ class EmuDevice(BufferedDevice):
     def _upload(self, loaded: Loaded, resident: dict[str, np.ndarray]) -> _EmuKernel | _RingKernel:
         spec = loaded.kernel.spec
         if self.launch == "persistent":
-            slots, rows = loaded.ring or (self._ring_slots or persistent.DEFAULT_SLOTS, self._ring_rows or persistent.DEFAULT_ROWS)
+            slots, rows = persistent.ring_size(loaded.ring, self._ring_slots, self._ring_rows)
             layout = persistent.ring_layout(spec, rows=rows, slots=slots)
             top = persistent.load(spec, layout)
             copies = [np.array(resident[a.name], copy=True) for a in persistent.resident_args(spec)]
@@ -369,7 +369,8 @@ class EmuDevice(BufferedDevice):
         if self.launch == "persistent":
             rings: list[_RingKernel] = [lo.state for lo in self._loaded]
             sent = sum(r.next_n - 1 for st in rings for r in [st.ring, *st.abandoned] if r is not None)
-            d["ring"] = {"slots": self._ring_slots or persistent.DEFAULT_SLOTS, "rows": self._ring_rows or persistent.DEFAULT_ROWS,
+            slots, rows = persistent.ring_size(None, self._ring_slots, self._ring_rows)
+            d["ring"] = {"slots": slots, "rows": rows,
                          "requests": sent, "resets": sum(st.resets for st in rings),
                          "kernels": {lo.kernel.name: {"slots": lo.state.top.layout.slots, "rows": lo.state.rows} for lo in self._loaded}}
         return d

@@ -427,7 +427,7 @@ class XrtDevice(BufferedDevice):
         per_call = not self._xclbin_kernels or loaded.top in self._xclbin_kernels
         if self.launch == "per_call" and not per_call:
             raise DeviceError(f"kernel {loaded.kernel.name!r}: top function {loaded.top!r} is not in xclbin {self._xclbin} (it holds {self._xclbin_kernels})")
-        size = loaded.ring or (self._ring_slots or persistent.DEFAULT_SLOTS, self._ring_rows or persistent.DEFAULT_ROWS)
+        size = persistent.ring_size(loaded.ring, self._ring_slots, self._ring_rows)
         return self._upload_cus(loaded, resident, size)
 
     def _resident_bo(self, uploaded: dict, name: str, group: int, arr: np.ndarray) -> Any:
