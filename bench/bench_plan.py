@@ -36,6 +36,7 @@ import dataclasses
 import statistics
 import sys
 import time
+from collections import Counter
 
 ROWS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938, 155, 4, 976, 14,
         40000000, 40000000, 40000000, 590152, 12973, 108, 36]
@@ -298,8 +299,7 @@ def compare_torchrec(plans, batch, gpus, gpu_gb):
         kinds_o = _counts(t.sharding if not t.parts else "merge" for t in plan.tables)
         kinds_t = _counts(v[0] for v in tr.tables.values())
         print(f"offload : {len(plan.cards)} U55C cards, GB per card max/mean {max(ob) / 1e9:.2f}/{sum(ob) / len(ob) / 1e9:.2f}, {kinds_o}, "
-              f"planned in {0:.0f}s; predicted {plan.batch_s() * 1e6:.1f} us/batch (offload's model: card HBM channels, PCIe, network)"
-              .replace(", planned in 0s", ""))
+              f"predicted {plan.batch_s() * 1e6:.1f} us/batch (offload's model: card HBM channels, PCIe, network)")
         print(f"TorchRec: {len(tr.ranks_used)} of {gpus} GPUs, GB per GPU max/mean {max(tb) / 1e9:.2f}/{sum(tb) / len(tb) / 1e9:.2f} "
               f"(its storage estimate, lookup buffers included), {kinds_t}, planned in {tr.seconds:.2f} s; "
               f"perf estimate busiest GPU {max(tr.rank_ms.values()):.3f} ms/batch (TorchRec's model: GPU HBM, NVLink/network)")
@@ -317,10 +317,7 @@ def compare_torchrec(plans, batch, gpus, gpu_gb):
 
 
 def _counts(xs) -> str:
-    c: dict = {}
-    for x in xs:
-        c[x] = c.get(x, 0) + 1
-    return " ".join(f"{k} {v}" for k, v in sorted(c.items()))
+    return " ".join(f"{k} {v}" for k, v in sorted(Counter(xs).items()))
 
 
 def _torchrec_version() -> str:
