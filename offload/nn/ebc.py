@@ -29,10 +29,21 @@ from offload.nn.fbgemm import from_fbgemm
 from offload.sim.errors import FormatError, InputError
 from offload.sim.fixed import FixedType
 
-__all__ = ["EmbeddingBagCollection", "check_features"]
+__all__ = ["EmbeddingBagCollection", "check_features", "key_order"]
 
 # torchrec.modules.embedding_configs.PoolingType names -> offload modes.
 _POOLING = {"SUM": "sum", "MEAN": "mean"}
+
+
+def key_order(keys: Sequence[str], features: Sequence[str], widths: dict[str, int]) -> Optional[torch.Tensor]:
+    """The columns of outputs concatenated in ``features`` order (feature ``f`` is ``widths[f]``
+    wide), listed in ``keys`` order: a gather index, or None when the order is already ``keys``'."""
+    start, col = {}, 0
+    for f in features:
+        start[f] = col
+        col += widths[f]
+    perm = [c for k in keys for c in range(start[k], start[k] + widths[k])]
+    return None if perm == list(range(col)) else torch.tensor(perm, dtype=torch.int64)
 
 
 def check_features(features, keys, weighted: bool, weighted_mean_refused: bool) -> None:
@@ -78,12 +89,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         # (NotImplementedError); its quantized EBC (FBGEMM) weights them. Each source's behaviour is kept.
         self.weighted_mean = bool(weighted_mean)
         # Columns of the groups' concatenated output, in key order (None when that order is already it).
-        start, col = {}, 0
-        for f in order:
-            start[f] = col
-            col += width[f]
-        perm = [c for k in self.keys for c in range(start[k], start[k] + width[k])]
-        self._perm = None if perm == list(range(col)) else torch.tensor(perm, dtype=torch.int64)
+        self._perm = key_order(self.keys, order, width)
 
     @classmethod
     def from_torchrec(cls, ebc: torch.nn.Module, fmt: str = "ap_fixed<16,6>", *, max_bag_size: Optional[int] = None,

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from offload.kernels.embedding import DEFAULT_WEIGHT_TYPE, combine_partials
-from offload.nn.ebc import EmbeddingBagCollection, check_features
+from offload.nn.ebc import EmbeddingBagCollection, check_features, key_order
 from offload.nn import fbgemm
 from offload.ops.embedding import quantize_weights, raw_to_tensor
 from offload.plan import cut
@@ -45,7 +45,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         self.is_weighted = single.is_weighted
         self.weighted_mean = single.weighted_mean
         self.group_features = [list(f) for f in single.group_features]
-        self._perm = _key_order(self.keys, self.group_features, [list(tbe.dims) for tbe in single.tbes])
+        widths = {f: d for fs, tbe in zip(self.group_features, single.tbes) for f, d in zip(fs, tbe.dims)}
+        self._perm = key_order(self.keys, [f for fs in self.group_features for f in fs], widths)
         self._groups = []  # (full spec, dtype, on_overflow, bounds_check, feature rows, lookups)
         for tbe in single.tbes:
             k = tbe.offload_kernels()[0]
@@ -168,14 +169,3 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
     def close(self) -> None:
         """Release the cards (the engine's devices or actors)."""
         self.engine.close()
-
-
-def _key_order(keys: Sequence[str], group_features: Sequence[Sequence[str]], group_dims: Sequence[Sequence[int]]) -> Optional[torch.Tensor]:
-    """The columns of the groups' concatenated outputs in ``keys`` order (None when already so)."""
-    start, width, col = {}, {}, 0
-    for fs, ds in zip(group_features, group_dims):
-        for f, d in zip(fs, ds):
-            start[f], width[f] = col, d
-            col += d
-    perm = [c for k in keys for c in range(start[k], start[k] + width[k])]
-    return None if perm == list(range(col)) else torch.tensor(perm, dtype=torch.int64)
