@@ -22,7 +22,7 @@ from offload.sim.errors import InputError, InputTypeError
 __all__ = ["Memory", "Card", "CARDS", "get_card", "PCIE_GEN3_X16_EFFECTIVE_BPS",
            "PCIE_TRANSFER_LATENCY_S", "KERNEL_LAUNCH_S", "HBM_RANDOM_READ_LATENCY_S", "DDR_RANDOM_READ_LATENCY_S",
            "M_AXI_OUTSTANDING_READS", "DDR4_CHANNEL_BPS",
-           "KERNEL_LAUNCH_REPORTED_S", "HOST_CARD_ROUND_TRIP_S", "PERSISTENT_POLL_INTERVAL_S", "LAUNCH_MODES",
+           "KERNEL_LAUNCH_REPORTED_S", "HOST_CARD_ROUND_TRIP_S", "PERSISTENT_POLL_INTERVAL_S", "LAUNCH_MODES", "LAUNCH_CHOICES",
            "HOST_MEMORY_BLOCKLIST", "HOST_MEMORY_CARDS", "RingMemory", "ring_memory"]
 
 _GiB = 1 << 30
@@ -70,6 +70,7 @@ HOST_CARD_ROUND_TRIP_S = 3.80692e-6
 # a request is charged the whole interval (the worst case, not the mean of half of it).
 PERSISTENT_POLL_INTERVAL_S = HOST_CARD_ROUND_TRIP_S
 LAUNCH_MODES = ("per_call", "persistent")
+LAUNCH_CHOICES = ("auto", *LAUNCH_MODES)  # what a caller may ask for: "auto" is persistent where possible
 # --- end of launch modes ------------------------------------------------------------------------
 
 # --- card memory ---------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from offload.hls import persistent
-from offload.hls.cards import LAUNCH_MODES
+from offload.hls.cards import LAUNCH_CHOICES
 from offload.host import _manifest, signing
 from offload.host._manifest import DTYPES, FORMAT, MAX_RING_ROWS, MAX_RING_SLOTS, SIGNATURE_FILE, VERSION
 from offload.kernels.registry import Kernel, get_kind
@@ -130,7 +130,6 @@ class RingSize:
 
 
 DEFAULT_RING = RingSize(persistent.DEFAULT_SLOTS, persistent.DEFAULT_ROWS)
-LAUNCH_CHOICES = ("auto", *LAUNCH_MODES)
 _XCLBIN_NAME = "offload.xclbin"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from offload.hls.cards import LAUNCH_CHOICES
+
 __all__ = ["serve_cmd"]
 
 
@@ -16,7 +18,7 @@ __all__ = ["serve_cmd"]
 @click.option("--grpc-port", default=None, type=click.IntRange(0, 65535), help="Also serve OIP v2 over gRPC on this port (Triton's is 8001) [default: off].")
 @click.option("--grpc-max-streams", default=32, show_default=True, type=int, help="Concurrent streams per gRPC connection.")
 @click.option("--device", default="sim", show_default=True, help="sim | emu | xrt:N | pynq:N")
-@click.option("--launch", type=click.Choice(["auto", "per_call", "persistent"]), default="auto", show_default=True, help="Kernel start: a run per batch, or started once and fed through a ring (auto: where the device offers it).")
+@click.option("--launch", type=click.Choice(LAUNCH_CHOICES), default="auto", show_default=True, help="Kernel start: a run per batch, or started once and fed through a ring (auto: where the device offers it).")
 @click.option("--max-batch-size", default=64, show_default=True, type=int, help="Rows per device call.")
 @click.option("--max-queue-delay-us", default=100, show_default=True, type=int, help="Longest wait for a fuller batch.")
 @click.option("--max-queue-size", default=1024, show_default=True, type=int, help="Queued requests beyond this get 503.")

@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from offload.hls.cards import LAUNCH_MODES, Card, get_card
+from offload.hls.cards import LAUNCH_CHOICES, Card, get_card
 from offload.host import Device, open_device
 from offload.partition import holdout as holdout_
 from offload.partition.find import Candidate, Skipped
@@ -92,7 +92,6 @@ def _device_name(device: str | Device | None) -> str:
     return str(device) if device is None or isinstance(device, str) else device.name
 
 
-LAUNCH_CHOICES = ("auto", *LAUNCH_MODES)
 
 
 def _launch_device(device: str | Device | None, launch: str | None) -> tuple[str | Device | None, str, str]:

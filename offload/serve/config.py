@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from offload.hls.cards import LAUNCH_CHOICES
 from offload.serve.errors import ConfigError
 
 __all__ = ["ServeConfig"]
@@ -72,7 +73,7 @@ class ServeConfig:
         _int("max_queue_size", self.max_queue_size, 1, 1_000_000)
         _seconds("request_timeout_ms", self.request_timeout_ms, 600_000)
         _seconds("device_timeout_ms", self.device_timeout_ms, 600_000)
-        if self.launch not in ("auto", "per_call", "persistent"):
+        if self.launch not in LAUNCH_CHOICES:
             raise ConfigError(f"launch={self.launch!r}: must be 'auto', 'per_call' or 'persistent'")
         if self.fallback not in ("sim", "503"):
             raise ConfigError(f"fallback={self.fallback!r}: must be 'sim' or '503'")
