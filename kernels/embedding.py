@@ -240,7 +240,8 @@ class EmbeddingSpec:
     # and the output cast, and ``count`` (B x F) each bag's non-padding entries, so shards of one
     # table combine exactly and round once (:func:`combine_partials`).
     partial: bool = False
-    _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+    # Derived views (per_feature, the fused plan, rows): not an argument, so replace() starts empty.
+    _cache: dict = field(default_factory=dict, init=False, compare=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
         # JSON and callers give the types as strings; the spec keeps them parsed, once.
@@ -277,8 +278,7 @@ class EmbeddingSpec:
         c = self._cache.get("per_feature")
         if c is None:
             tables = tuple(replace(self.tables[t], name=f"{self.tables[t].name}/f{f}") for f, t in enumerate(self.feature_table_map))
-            c = self._cache["per_feature"] = EmbeddingSpec(tables, self.mode, self.max_bag_size, self.acc_type, self.out_type, self.weight_type,
-                                                           partial=self.partial)
+            c = self._cache["per_feature"] = replace(self, tables=tables, feature_table_map=None)
         return c
 
     def col_offsets(self) -> list[int]:
@@ -610,8 +610,7 @@ def hold_on_chip(kernel: Kernel, memories: Mapping[str, str]) -> Kernel:
             own = {"table": kernel.tensors[f"table{t}"], **({"params": kernel.tensors[f"params{t}"]} if ts.rowwise else {})}
             ts = replace(ts, onchip=OnChip.of(mem, own), bundle=None)
         tables.append(ts)
-    new = EmbeddingSpec(tuple(tables), spec.mode, spec.max_bag_size, spec.acc_type, spec.out_type, spec.weight_type,
-                        spec.feature_table_map, spec.partial)
+    new = replace(spec, tables=tuple(tables))
     check_tensors(new, kernel.tensors)
     return Kernel(kernel.name, new, dict(kernel.tensors))
 

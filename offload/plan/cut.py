@@ -120,7 +120,7 @@ def card_kernel(card: Card, g: int, spec: EmbeddingSpec, lks: Sequence[Lookup], 
         tensors[f"table{i}"] = np.ascontiguousarray(lk.tensors["table"][sl.r0:sl.r1, sl.c0:sl.c1])
         if ts.rowwise:
             tensors[f"params{i}"] = np.ascontiguousarray(lk.tensors["params"][sl.r0:sl.r1])
-    kspec = EmbeddingSpec(tuple(tables), spec.mode, spec.max_bag_size, spec.acc_type, spec.out_type, spec.weight_type, partial=True)
+    kspec = replace(spec, tables=tuple(tables), feature_table_map=None, partial=True)
     return Kernel(f"shard_h{card[0]}c{card[1]}_g{g}", kspec, tensors)
 
 

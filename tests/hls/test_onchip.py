@@ -85,12 +85,11 @@ def test_the_kernel_name_depends_on_the_contents_and_off_chip_kernels_are_unchan
     t1 = base.tables[1]
     bumped = list(t1.onchip.table)
     bumped[5] = (bumped[5] + 1) % 256
-    changed = replace(base, tables=(base.tables[0], replace(t1, onchip=replace(t1.onchip, table=tuple(bumped))), base.tables[2]), _cache={})
+    changed = replace(base, tables=(base.tables[0], replace(t1, onchip=replace(t1.onchip, table=tuple(bumped))), base.tables[2]))
     assert HK.top_name(changed) != HK.top_name(base)
-    assert HK.top_name(replace(base, tables=(base.tables[0], replace(t1, onchip=replace(t1.onchip, memory="uram")), base.tables[2]),
-                               _cache={})) != HK.top_name(base)
+    assert HK.top_name(replace(base, tables=(base.tables[0], replace(t1, onchip=replace(t1.onchip, memory="uram")), base.tables[2]))) != HK.top_name(base)
     # Without on-chip tables the spec (so its JSON, name and sources) is the plain kernel's.
-    plain = replace(base, tables=tuple(replace(t, onchip=None) for t in base.tables), _cache={})
+    plain = replace(base, tables=tuple(replace(t, onchip=None) for t in base.tables))
     fresh = make_spec([replace(t, onchip=None) for t in base.tables], mode="sum", max_bag_size=8)
     assert plain.to_json() == fresh.to_json() and "onchip" not in str(fresh.to_json())
     assert HK.sources(plain) == HK.sources(fresh) and "bind_storage" not in _top(fresh)

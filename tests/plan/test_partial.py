@@ -40,7 +40,7 @@ def _shard(kernel, r0, r1):
     ts = spec.tables[0]
     pad = ts.padding_idx
     pad = pad - r0 if pad is not None and r0 <= pad < r1 else None
-    sspec = replace(spec, tables=(replace(ts, num_rows=r1 - r0, padding_idx=pad),), partial=True, _cache={})
+    sspec = replace(spec, tables=(replace(ts, num_rows=r1 - r0, padding_idx=pad),), partial=True)
     tensors = {k: v[r0:r1] for k, v in kernel.tensors.items()}
     return sspec, tensors
 
@@ -101,7 +101,7 @@ def test_cpp_partial_output_matches_the_simulator(mode):
     w0, w1 = rng.standard_normal((41, 5)), rng.standard_normal((23, 3))
     spec = make_spec([_table("ap_fixed<16,6,AP_RND_CONV,AP_SAT>", w0, 0), replace(_table(ROWWISE, w1, 22), name="r")],
                      mode=mode, max_bag_size=24, acc_type="ap_fixed<40,22,AP_RND_CONV,AP_SAT>" if mode == "mean" else None)
-    spec = replace(spec, partial=True, _cache={})
+    spec = replace(spec, partial=True)
     kernel = make_kernel("k", spec, [w0, w1])
     for weighted in ([False, True] if mode != "max" else [False]):
         inputs = make_case(rng, spec, 9, 24, weighted=weighted, pad_frac=0.25)
