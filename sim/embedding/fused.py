@@ -362,17 +362,6 @@ if numba is not None:
                     v = -q if v < 0 else q
             store(row, col + d, cast(v, p, _P_OUT), osc)
 
-    @numba.njit(inline="always")
-    def row_at(table, nrows, idx, j, ahead, lim):
-        """``idx[j]``, having prefetched the row ``ahead`` indices on (within the chunk's stream
-        ``lim``); -1 when it lies outside the table's ``nrows``."""
-        if ahead and j + ahead < lim:
-            prefetch_row(table, idx[j + ahead])
-        r = idx[j]
-        if r < 0 or r >= nrows:
-            return -1
-        return r
-
     @numba.njit(nogil=True, cache=True)
     def bags_plain(table, idx, off, t0, b0, b1, p, acc, out, col, osc):
         """Unweighted sum/mean, exact terms, no overflow possible: acc += row, shift at the end.
@@ -384,12 +373,16 @@ if numba is not None:
         ahead = p[_P_AHEAD]
         lim = off[t0 + b1]  # prefetch across bags, through the chunk's whole index stream
         for b in range(b0, b1):
+            s = off[t0 + b]
+            e = off[t0 + b + 1]
             for d in range(dim):
                 acc[d] = 0
             n = 0
-            for j in range(off[t0 + b], off[t0 + b + 1]):
-                r = row_at(table, nrows, idx, j, ahead, lim)
-                if r < 0:
+            for j in range(s, e):
+                if ahead and j + ahead < lim:
+                    prefetch_row(table, idx[j + ahead])
+                r = idx[j]
+                if r < 0 or r >= nrows:
                     return 1
                 if r == pad:
                     continue
@@ -413,14 +406,18 @@ if numba is not None:
         exact = p[_P_TERM + _C_KIND] == _EXACT
         tsh = p[_P_TERM + _C_SHIFT]
         ahead = p[_P_AHEAD]
-        lim = off[t0 + b1]
+        lim = off[t0 + b1]  # prefetch across bags, through the chunk's whole index stream
         for b in range(b0, b1):
+            s = off[t0 + b]
+            e = off[t0 + b + 1]
             for d in range(dim):
                 acc[d] = 0
             n = 0
-            for j in range(off[t0 + b], off[t0 + b + 1]):
-                r = row_at(table, nrows, idx, j, ahead, lim)
-                if r < 0:
+            for j in range(s, e):
+                if ahead and j + ahead < lim:
+                    prefetch_row(table, idx[j + ahead])
+                r = idx[j]
+                if r < 0 or r >= nrows:
                     return 1
                 wj = np.int64(w[j]) if weighted else np.int64(1)
                 if wj < wlo or wj > whi:
