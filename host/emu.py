@@ -88,14 +88,18 @@ class _Ring:
     layout: RingLayout
     buf: np.ndarray
     thread: threading.Thread
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    lock: threading.RLock = field(default_factory=threading.RLock)
     next_n: int = 1
     inflight: int = 0
     closing: bool = False
     dead: str | None = None
     turn: list[int] = field(default_factory=list)
+    # Threads in ``cond.wait``: a call notifies only when there is one (notify_all is Python code,
+    # and a call in the common case has no one to wake).
+    waiting: int = 0
 
     def __post_init__(self) -> None:
+        self.cond = threading.Condition(self.lock)
         self.base = self.buf.ctypes.data
         self.turn = [s + 1 for s in range(self.layout.slots)]
         # Every slot's field views, made once: a call only copies into them.
@@ -107,7 +111,8 @@ class _RingKernel:
     top: persistent.RingKernel
     resident: list[np.ndarray]  # the device-side copies, in the persistent top's argument order
     csim: Csim
-    checks: list[tuple[Field, int, int]]  # every slot field, with a scalar's [min, max]
+    # Every slot field in order: (field, scalar min, scalar max, dtype); min/max None for arrays.
+    checks: list[tuple[Field, int | None, int | None, np.dtype]]
     rows: int  # rows a request may carry (the ring's)
     ring: _Ring | None = None
     resets: int = 0
@@ -169,7 +174,7 @@ class EmuDevice(BufferedDevice):
             checks = []
             for f in layout.slot.fields:
                 info = np.iinfo(f.dtype) if f.role == "scalar" else None
-                checks.append((f, int(info.min) if info else 0, int(info.max) if info else 0))
+                checks.append((f, int(info.min) if info else None, int(info.max) if info else None, np.dtype(f.dtype)))
             st = _RingKernel(top, copies, self._csim, checks, rows)
             st.ring = self._start_ring(st)
             return st
@@ -216,21 +221,20 @@ class EmuDevice(BufferedDevice):
 
     def _execute_persistent(self, loaded: Loaded, values: Mapping[str, Any], timeout: float | None) -> dict[str, np.ndarray]:
         st: _RingKernel = loaded.state
-        ops = self._ops
-        layout = st.top.layout
-        what = f"kernel {loaded.kernel.name!r} ({st.top.name}) on device {self.name!r}"
         # Checked before a request number is taken: a taken number must be sent.
         bufs = []
-        for f, lo, hi in st.checks:
+        for f, lo, hi, want in st.checks:
             v = values.get(f.name)
             if v is None:
                 raise DeviceError(f"kernel {loaded.kernel.name!r}: pack_inputs gave no value for {f.role} argument {f.name!r}")
-            if f.role == "scalar":
+            if lo is not None:  # a scalar
                 v = int(v)
                 if not lo <= v <= hi:
                     raise InputError(f"kernel {loaded.kernel.name!r}: scalar {f.name!r}={v} is outside {f.dtype} [{lo}, {hi}]")
             else:
-                v = host_array(loaded.kernel.name, f, v)
+                # What pack_inputs gives is already right; host_array refuses (or makes contiguous) the rest.
+                if v.__class__ is not np.ndarray or v.dtype is not want or not v.flags.c_contiguous:
+                    v = host_array(loaded.kernel.name, f, v)
                 if v.size > f.count:
                     raise InputError(f"{f.name}: {v.size} elements exceed the ring slot's {f.count} "
                                      f"({st.rows} rows a request); open the device with a larger ring_rows")
@@ -239,7 +243,7 @@ class EmuDevice(BufferedDevice):
         deadline = time.monotonic() + limit
         while True:
             ring = st.ring
-            with ring.cond:
+            with ring.lock:
                 if ring.closing:
                     raise DeviceError(f"device {self.name!r} is closed")
                 if ring.dead is None:
@@ -248,35 +252,40 @@ class EmuDevice(BufferedDevice):
                     ring.inflight += 1
                     break
             time.sleep(0)  # a ring being replaced: the new one is a moment away
+        layout = ring.layout
         s = (n - 1) % layout.slots
         slot = ring.base + layout.slot_offset(s)
         views = ring.views[s]
         try:
             try:
                 if ring.turn[s] != n:
-                    self._wait_turn(st, ring, s, n, deadline, limit, what)
-                for (f, _, _), v, view in zip(st.checks, bufs, views):
-                    if f.role == "scalar":
+                    self._wait_turn(st, ring, s, n, deadline, limit, self._what(loaded))
+                for (f, lo, _, _), v, view in zip(st.checks, bufs, views):
+                    if lo is not None:
                         view[0] = v
                     elif f.role == "input":
-                        view[: v.size] = v.reshape(-1)
+                        view[: v.size] = v if v.ndim == 1 else v.reshape(-1)
             except BaseException as e:
                 # Request n was taken but will never be sent: the kernel would wait for it forever.
                 self._abandon(st, ring, f"request {n} was never sent ({type(e).__name__}: {e})")
                 raise
-            ops.store_release(slot + SLOT_REQ_SEQ, n)
+            # Publish the request word last (release), then spin on the response word.
             resp = slot + layout.slot.resp_seq
-            if not ops.wait(resp, n, _SPIN_NS):
-                self._back_off(st, ring, resp, n, deadline, limit, what)
+            if not self._ops.post_wait(slot + SLOT_REQ_SEQ, n, resp, _SPIN_NS):
+                self._back_off(st, ring, resp, n, deadline, limit, self._what(loaded))
             out = {f.name: view[: v.size].reshape(v.shape).copy()
-                   for (f, _, _), v, view in zip(st.checks, bufs, views) if f.role == "output"}
+                   for (f, lo, _, _), v, view in zip(st.checks, bufs, views) if lo is None and f.role == "output"}
         finally:
-            with ring.cond:
+            with ring.lock:
                 ring.inflight -= 1
                 if ring.dead is None and ring.turn[s] == n:
                     ring.turn[s] = n + layout.slots
-                ring.cond.notify_all()
+                if ring.waiting:
+                    ring.cond.notify_all()
         return out
+
+    def _what(self, loaded: Loaded) -> str:
+        return f"kernel {loaded.kernel.name!r} ({loaded.state.top.name}) on device {self.name!r}"
 
     def _wait_turn(self, st: _RingKernel, ring: _Ring, s: int, n: int, deadline: float, limit: float, what: str) -> None:
         with ring.cond:
@@ -286,7 +295,11 @@ class EmuDevice(BufferedDevice):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                ring.cond.wait(left)
+                ring.waiting += 1
+                try:
+                    ring.cond.wait(left)
+                finally:
+                    ring.waiting -= 1
             else:
                 return
         why = f"request {n - ring.layout.slots} held slot {s} past request {n}'s deadline of {limit:g} s"
@@ -327,7 +340,11 @@ class EmuDevice(BufferedDevice):
             end = time.monotonic() + self.deadline
             with ring.cond:
                 while ring.inflight and ring.dead is None and time.monotonic() < end:
-                    ring.cond.wait(end - time.monotonic())
+                    ring.waiting += 1
+                    try:
+                        ring.cond.wait(end - time.monotonic())
+                    finally:
+                        ring.waiting -= 1
             for r in [ring, *st.abandoned]:
                 self._ops.store_release(r.base + HDR_STOP, STOP)
             ring.thread.join(timeout=max(0.0, end - time.monotonic()))

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -29,6 +30,7 @@ __all__ = ["ROWWISE", "RowwiseInt8", "TableFormat", "table_format", "container_d
 ROWWISE = "int8_rowwise"
 
 
+@functools.lru_cache(maxsize=256)  # on every request's packing: a dtype from text each time costs more than the rest
 def container_dtype(t: FixedType) -> np.dtype:
     """Smallest NumPy integer holding ``t``'s raw bits (signedness follows the type)."""
     w = int(t.width)

@@ -47,7 +47,7 @@ def test_a_scalar_at_its_last_value_is_sent_and_one_past_it_refused(sim):
     st = _state(dev, h)
     # Narrow the batch scalar's range to [0, 5] (the int32 range's ends cannot be reached with
     # real rows): the check is what is under test, inclusive at both ends.
-    st.checks = [(f, 0, 5) if f.role == "scalar" else (f, lo, hi) for f, lo, hi in st.checks]
+    st.checks = [(f, 0, 5, dt) if f.role == "scalar" else (f, lo, hi, dt) for f, lo, hi, dt in st.checks]
     inp = sa.make_inputs(n=4, batch=5)
     assert_same(dev.run(h, inp), sim.run(hs, inp))
     with pytest.raises(InputError, match=r"scalar 'batch'=6 is outside int32 \[0, 5\]"):
@@ -63,7 +63,7 @@ def test_a_slot_write_that_fails_after_its_number_was_taken_abandons_the_ring(si
     k = sa.make_kernel(n=4, scale=3)
     h, hs = dev.load(k), sim.load(k)
     old = _state(dev, h).ring
-    x = next(v for v, (f, _, _) in zip(old.views[0], _state(dev, h).checks) if f.name == "x")
+    x = next(v for v, (f, *_) in zip(old.views[0], _state(dev, h).checks) if f.name == "x")
     x.setflags(write=False)
     with pytest.raises(ValueError, match="read-only"):
         dev.run(h, sa.make_inputs(n=4, batch=2))
