@@ -36,7 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from typing import Any, Mapping
@@ -81,7 +80,7 @@ def _cpp_type(t: FixedType) -> str:
 
 
 def _digest(spec: EmbeddingSpec) -> str:
-    return hashlib.sha256(json.dumps(spec.to_json(), sort_keys=True).encode()).hexdigest()[:10]
+    return spec.digest()[:10]
 
 
 def top_name(spec: EmbeddingSpec) -> str:

@@ -38,6 +38,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Mapping, Sequence
@@ -291,6 +293,19 @@ class EmbeddingSpec:
         if c is None:
             c = self._cache["values"] = tuple(t.value_type() for t in self.tables)
         return c
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the spec's canonical JSON, computed once: an on-chip table's contents
+        are part of that JSON, and generated kernel names are derived from it.
+
+        Example::
+
+            name = f"offload_embedding_{spec.digest()[:10]}"
+        """
+        d = self._cache.get("digest")
+        if d is None:
+            d = self._cache["digest"] = hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
+        return d
 
     def to_json(self) -> dict:
         return {
