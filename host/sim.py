@@ -45,6 +45,7 @@ class SimDevice:
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self._jit_s = 0.0
+        self._native: list = []  # entries handed out by bind_native, turned off at close
 
     def load(self, kernel: Kernel) -> KernelHandle:
         frozen = resident_copy(kernel)
@@ -125,6 +126,26 @@ class SimDevice:
         call = kind.bind_checked(k.spec, k.tensors, fp32=fp32)
         return None if call is None else self._refused_once_closed(call)
 
+    def bind_native(self, handle: KernelHandle):
+        """The kind's C-ABI entry for ``handle`` (``KernelKind.bind_native``: the embedding kind's
+        :class:`offload.sim.embedding.fused.NativeEntry`), or None; close() turns it off (its calls
+        then decline, and the caller's Python path raises as :meth:`run` does).
+
+        Example::
+
+            entry = dev.bind_native(h)
+        """
+        self._check_open()
+        k = self._get(handle)
+        kind = get_kind(k.kind)
+        entry = None if kind.bind_native is None else kind.bind_native(k.spec, k.tensors)
+        if entry is not None:
+            with self._lock:
+                if self._closed:
+                    entry.close()
+                self._native.append(entry)
+        return entry
+
     def _refused_once_closed(self, fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
         """``fn``, refused (as :meth:`run` refuses) once this device is closed."""
 
@@ -148,6 +169,8 @@ class SimDevice:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            for entry in self._native:
+                entry.close()
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None

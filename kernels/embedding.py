@@ -90,6 +90,7 @@ __all__ = [
     "fused_plan",
     "run_checked",
     "bind_checked",
+    "bind_native",
     "float32_of",
     "bag_counts",
     "combine_partials",
@@ -982,6 +983,22 @@ def bind_checked(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray], *, fp32
     return lookup
 
 
+def bind_native(spec: EmbeddingSpec, tensors: Mapping[str, np.ndarray]):
+    """:func:`bind_checked`'s float32 call behind a C ABI: the fused kernels' entry for this
+    one-table kernel (:func:`offload.sim.embedding.fused.native_entry`), or None where it has none
+    (several tables, ``partial``, row-wise params, numba missing...). Answers only calls that pass
+    every check; the caller runs :func:`bind_checked`'s call for the rest, which raises the errors.
+
+    Example::
+
+        entry = bind_native(spec, tensors)   # entry.address[np.dtype(np.int64)]: a C function
+    """
+    if spec.partial or spec.num_tables != 1:
+        return None
+    tables, params = lookup_of(spec).arrays(tensors)
+    return _fused().native_entry(fused_plan(spec), tables, params)
+
+
 def bag_counts(spec: EmbeddingSpec, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
     """Non-padding entries of every bag, ``B x F`` int64 (feature ``f``'s bag ``b`` at ``[b, f]``):
     what a mean divides by, and which bags a max has seen. Inputs validated."""
@@ -1036,4 +1053,4 @@ def combine_partials(spec: EmbeddingSpec, accs: Sequence[np.ndarray], counts: Se
 
 KIND = register_kind(KernelKind("embedding", EmbeddingSpec.from_json, validate, reference, check_tensors, golden_inputs=golden_inputs,
                                 tensor_shapes=tensor_shapes, prepare=prepare, run_checked=run_checked,
-                                bind_checked=bind_checked, spec_schema=SPEC_SCHEMA))
+                                bind_checked=bind_checked, bind_native=bind_native, spec_schema=SPEC_SCHEMA))

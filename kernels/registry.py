@@ -75,6 +75,9 @@ class KernelKind:
       kind: ``(indices, offsets, per_sample_weights)``), same checks and errors, for these (from
       now on constant) tensors; ``fp32``: that output as float32, written so by the kind's fast
       path where it can (what the torch op returns). It may return None for a spec it does not bind.
+    - ``bind_native(spec, tensors)`` (optional): ``bind_checked``'s float32 call for these tensors
+      behind a C ABI (the embedding kind: :class:`offload.sim.embedding.fused.NativeEntry`), for a
+      caller with raw pointers and no Python (the torch op's C++ kernel); None where it has none.
     """
 
     name: str
@@ -88,6 +91,7 @@ class KernelKind:
     run_checked: Callable[[Any, Arrays, Arrays], dict[str, np.ndarray]] | None = None
     bind_rows: Callable[..., Callable[[np.ndarray], np.ndarray]] | None = None  # (spec, tensors, *, fp32)
     bind_checked: Callable[..., Callable[..., np.ndarray] | None] | None = None  # (spec, tensors, *, fp32)
+    bind_native: Callable[[Any, Arrays], Any] | None = None
     spec_schema: Mapping[str, Any] | None = None
 
 

@@ -60,7 +60,7 @@ try:  # a core dependency; missing only in a broken install, where the reference
 except ImportError:  # pragma: no cover - exercised by the fallback test through _NUMBA
     numba = None
 
-__all__ = ["Plan", "plan", "run", "warm_up", "using_threads", "jit_seconds", "available", "acc32_ok"]
+__all__ = ["Plan", "plan", "run", "warm_up", "using_threads", "jit_seconds", "available", "acc32_ok", "NativeEntry", "native_entry"]
 
 # Replaced by None in tests to force the reference.
 _NUMBA = numba
@@ -654,3 +654,105 @@ def warm_up(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndarray |
     dt = time.perf_counter() - t0
     _jit_total[0] += dt
     return dt
+
+
+# --------------------------------------------------------------------------------- native entry
+
+# The same loops behind a C ABI, for a caller that holds raw pointers and no Python (the torch op's
+# C++ kernel, offload/ops/native.py): numba.cfunc wrappers that view the caller's memory through
+# numba.carray and call bags_plain / bags_general, so the compiled path stays one. The ABI, for
+# one table, unweighted, serial, float32 out (``scale32`` set):
+#
+#   int64_t f(const T* table, const int64_t* ctx, const I* idx, int64_t n, const int64_t* off,
+#             int64_t noff, float* out, void* scratch)
+#
+# ``out`` is ``(noff - 1) x dim``, ``scratch`` holds ``dim`` int64s, ``ctx`` is NativeEntry.ctx.
+# 0: ``out`` written; anything else: not answered (a rule broken, the entry closed), nothing to
+# trust in ``out``: the caller runs the Python path, which raises the rule's own error.
+_N_ALIVE, _N_ROWS, _N_DIM, _N_MAXBAG, _N_F = range(5)
+_N_P = 5  # the table's parameter vector follows
+_N_LEN = _N_P + _P_LEN
+
+
+def _native_plain(table_p, ctx_p, idx_p, n, off_p, noff, out_p, acc_p):  # pragma: no cover - compiled
+    ctx = numba.carray(ctx_p, _N_LEN)
+    if ctx[_N_ALIVE] == 0 or noff < 1:
+        return 1
+    off = numba.carray(off_p, noff)
+    if not offsets_ok(off, n, ctx[_N_MAXBAG]):
+        return 1
+    B = noff - 1
+    if B == 0:
+        return 0
+    dim = ctx[_N_DIM]
+    return bags_plain(numba.carray(table_p, (ctx[_N_ROWS], dim)), numba.carray(idx_p, n), off, 0, 0, B, ctx[_N_P:],
+                      numba.carray(acc_p, dim), numba.carray(out_p, (B, dim)), 0, np.float32(2.0 ** -ctx[_N_F]))
+
+
+def _native_general(table_p, ctx_p, idx_p, n, off_p, noff, out_p, acc_p):  # pragma: no cover - compiled
+    ctx = numba.carray(ctx_p, _N_LEN)
+    if ctx[_N_ALIVE] == 0 or noff < 1:
+        return 1
+    off = numba.carray(off_p, noff)
+    if not offsets_ok(off, n, ctx[_N_MAXBAG]):
+        return 1
+    B = noff - 1
+    if B == 0:
+        return 0
+    dim = ctx[_N_DIM]
+    # No row-wise params and no weights: empty views stand in for them, as _EMPTY_PARAMS/_EMPTY_W do.
+    return bags_general(numba.carray(table_p, (ctx[_N_ROWS], dim)), numba.carray(ctx_p, (0, 2)), False, numba.carray(idx_p, n),
+                        off, numba.carray(ctx_p, 0), False, 0, 0, B, ctx[_N_P:], numba.carray(acc_p, dim),
+                        numba.carray(out_p, (B, dim)), 0, np.float32(2.0 ** -ctx[_N_F]))
+
+
+@dataclass
+class NativeEntry:
+    """One table's C-ABI lookup (see the ABI above): ``address[np.dtype]`` of the function for
+    that index dtype (int32, int64), the table and ``ctx`` it is called with (kept alive here),
+    ``dim`` output columns, and ``serial_max``: calls of at least this many gathered elements
+    belong to the threaded path when threads are on. :meth:`close` makes every later call decline."""
+
+    address: dict
+    table: np.ndarray
+    ctx: np.ndarray
+    dim: int
+    serial_max: int
+
+    def close(self) -> None:
+        self.ctx[_N_ALIVE] = 0
+
+
+def native_entry(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndarray | None]) -> NativeEntry | None:
+    """The C-ABI entry of a one-table plan's unweighted float32 calls (compiled here, or loaded
+    from numba's disk cache), or None where it has none: numba missing, an unsupported plan,
+    several tables, row-wise params, no ``scale32``, a table that is not one C-contiguous block.
+
+    Example::
+
+        e = native_entry(p, [table], [None])
+        fn = e.address[np.dtype(np.int64)]   # call from C with e.table, e.ctx, ...
+    """
+    if _NUMBA is None or not p.supported or p.scale32 is None or len(p.tables) != 1 or params[0] is not None:
+        return None
+    table = tables[0]
+    if table.ndim != 2 or not table.flags.c_contiguous or not table.dtype.isnative or table.dtype.kind not in "iu":
+        return None
+    tp = p.tables[0]
+    ctx = np.zeros(_N_LEN, dtype=np.int64)
+    ctx[_N_ALIVE] = 1
+    ctx[_N_ROWS], ctx[_N_DIM] = table.shape
+    ctx[_N_MAXBAG] = p.pooling.max_bag_size
+    ctx[_N_F] = p.pooling.out_type.F
+    ctx[_N_P:] = tp.params
+    body = _native_plain if tp.plain else _native_general
+    acc = types.int32 if tp.plain and tp.acc32 else types.int64
+    t0 = time.perf_counter()
+    address = {}
+    for idx_dt in _INDEX_DTYPES:
+        sig = types.int64(types.CPointer(numba.from_dtype(table.dtype)), types.CPointer(types.int64),
+                          types.CPointer(numba.from_dtype(idx_dt)), types.int64, types.CPointer(types.int64), types.int64,
+                          types.CPointer(types.float32), types.CPointer(acc))
+        address[idx_dt] = numba.cfunc(sig, nogil=True, cache=True)(body).address
+    _jit_total[0] += time.perf_counter() - t0
+    return NativeEntry(address, table, ctx, int(table.shape[1]), PARALLEL_MIN)
