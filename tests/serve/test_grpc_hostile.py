@@ -72,6 +72,33 @@ def test_a_burst_of_300_rpcs_on_one_channel_is_answered(srv):
     assert srv.metrics()[key] - before.get(key, 0.0) == 300
 
 
+def test_every_refusal_in_a_burst_shows_in_the_metrics():
+    # A queue of 4 against 200 concurrent RPCs, batches gathered for 20 ms: some are refused. Each
+    # status a client gets is counted under its code (before: grpc's own concurrency limit refused
+    # RPCs unseen by the metrics).
+    gport = free_port()
+    with serving("--grpc-port", str(gport), "--max-queue-size", "4", "--max-batch-size", "64", "--max-queue-delay-us", "20000") as s:
+        target = f"127.0.0.1:{gport}"
+        _infer(target, _request())  # up
+        before = s.metrics()
+        codes: dict[str, int] = {}
+        with grpc.insecure_channel(target) as ch:
+            call = ch.unary_unary(INFER, request_serializer=None, response_deserializer=pb.ModelInferResponse.FromString)
+            futs = [call.future(_request(rid=str(i)).SerializeToString(), timeout=30) for i in range(200)]
+            for f in futs:
+                try:
+                    f.result()
+                    code = "OK"
+                except grpc.RpcError as e:
+                    code = e.code().name
+                codes[code] = codes.get(code, 0) + 1
+        after = s.metrics()
+        assert s.stop() == 0
+    counted = {c: after.get(f'offload_grpc_responses_total{{code="{c}"}}', 0.0) - before.get(f'offload_grpc_responses_total{{code="{c}"}}', 0.0) for c in codes}
+    assert counted == {c: float(n) for c, n in codes.items()}, (codes, counted)
+    assert codes.get("UNAVAILABLE", 0) > 0 and set(codes) <= {"OK", "UNAVAILABLE"}, codes  # a full queue: retry elsewhere
+
+
 def test_a_flood_of_reset_streams_leaves_the_server_serving(srv):
     enc = hpack.Encoder()
     s = raw_connection(srv.gport)
@@ -165,10 +192,12 @@ def test_a_compression_bomb_is_resource_exhausted(srv):
 
 def test_peers_that_never_read_cannot_hold_every_rpc_slot():
     # 20 connections with a receive window of 0, each opening as many RPCs as a connection may
-    # (grpc_max_streams) and never reading an answer: their RPCs stay in progress, yet a
-    # well-behaved client is still answered (20 x 8 < max_queue_size).
+    # (grpc_max_streams) and never reading an answer: their answers cannot be sent, so their RPCs
+    # stay in progress, 20 x 8 of them, more than max_queue_size. A well-behaved client is still
+    # answered: a computed answer waiting for its peer to read holds no slot (before: grpc's
+    # maximum_concurrent_rpcs counted them, and every other client got RESOURCE_EXHAUSTED).
     gport = free_port()
-    with serving("--grpc-port", str(gport), "--grpc-max-streams", "8", "--max-queue-size", "200", "--max-queue-delay-us", "0") as s:
+    with serving("--grpc-port", str(gport), "--grpc-max-streams", "8", "--max-queue-size", "64", "--max-queue-delay-us", "0") as s:
         target = f"127.0.0.1:{gport}"
         body = grpc_message(_request().SerializeToString())
         stalled = []

@@ -6,9 +6,11 @@ grpc core owns the wire (HTTP/2, HPACK, flow control, its own defences against r
 header floods); the settings below bound what one client can hold:
 
 - ``grpc.max_receive_message_length`` = ``max_body_bytes`` (RESOURCE_EXHAUSTED before any handler);
-- ``grpc.max_concurrent_streams`` = ``grpc_max_streams`` per connection, and at most
-  ``max_queue_size`` RPCs in progress in all (RESOURCE_EXHAUSTED beyond): a connection that opens
-  streams and never reads its answers pins at most its own streams, never every slot;
+- ``grpc.max_concurrent_streams`` = ``grpc_max_streams`` per connection. The service's slots are
+  the batcher's queue (``max_queue_size``, UNAVAILABLE beyond, counted like every answer
+  here); an RPC whose answer is computed but waits for its peer to read holds none. grpc's
+  ``maximum_concurrent_rpcs`` is not set: it counted those RPCs too, so connections that never read
+  could take every slot, and its refusals never reached a handler, so no metric saw them;
 - ``grpc.max_metadata_size`` = ``max_head_bytes`` (request metadata, as REST's head cap);
 - keepalive pings every 60 s (a dead peer is dropped after 20 s without an answer) and
   ``grpc.max_connection_age_ms`` with a grace of ``drain_timeout_s``: every connection, a stalled
@@ -174,7 +176,7 @@ class GrpcListener:
         """Listens on ``host:port`` (``self.port`` becomes the bound port); :class:`ConfigError` when it cannot."""
         s = self._servicer
         handlers = {name: s.handler(name, t, fn) for name, (t, fn) in s.methods().items()}
-        server = grpc.aio.server(options=server_options(self.plane), maximum_concurrent_rpcs=self.plane.config.max_queue_size)
+        server = grpc.aio.server(options=server_options(self.plane))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         addr = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
