@@ -134,3 +134,31 @@ def test_the_request_timeout_reaches_the_batcher_in_seconds(bundle, monkeypatch)
 
     asyncio.run(go())
     assert seen == [1.5]
+
+
+def test_the_plane_logs_the_manifest_digest_of_the_bundle_it_serves(bundle, caplog, tmp_path):
+    """The audit trail names the bundle that went live: its manifest digest, or that it is unsealed."""
+    import json
+    import logging
+    import shutil
+    import warnings
+
+    def logged(b) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="offload.serve"):
+            DataPlane(b, ServeConfig(device="sim")).runner.close()
+        return " ".join(r.getMessage() for r in caplog.records if r.name == "offload.serve")
+
+    digest = json.loads((bundle.path / "manifest.json").read_text())["manifest_sha256"]
+    assert f"bundle manifest sha256 {digest}" in logged(bundle)
+    v1 = tmp_path / "v1"
+    shutil.copytree(bundle.path, v1)
+    m = json.loads((v1 / "manifest.json").read_text())
+    del m["manifest_sha256"]
+    m["version"] = 1
+    (v1 / "manifest.json").write_text(json.dumps(m))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        unsealed = load(v1)
+    msg = logged(unsealed)
+    assert "unsealed v1 bundle" in msg and digest not in msg, msg
