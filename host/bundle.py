@@ -68,6 +68,7 @@ import numpy as np
 
 from offload.hls import persistent
 from offload.hls.cards import LAUNCH_CHOICES
+from offload.hls.registry import get_hls_kind
 from offload.host import _manifest, signing
 from offload.host._manifest import DTYPES, FORMAT, MAX_RING_ROWS, MAX_RING_SLOTS, SIGNATURE_FILE, VERSION
 from offload.kernels.registry import Kernel, get_kind
@@ -171,6 +172,21 @@ class Bundle:
         if kernel not in self.kernels:
             raise InputError(f"bundle {self.name!r} has no kernel {kernel!r}; it has {sorted(self.kernels)}")
         return self.rings.get(kernel, DEFAULT_RING)
+
+    def xclbin_lacks(self, launch: str) -> list[str] | None:
+        """The top functions ``launch`` (``"per_call"``: each kernel's kind's top; ``"persistent"``:
+        each ``<top>_ring`` loop) needs that this bundle's xclbin does not hold, sorted; None when
+        there is no xclbin, or it records no compute units (then only the card can tell).
+
+        Example::
+
+            if b.xclbin_lacks("persistent"):
+                print("rebuild with `offload build BUNDLE --launch both --vitis`")
+        """
+        if self.xclbin is None or not self.compute_units:
+            return None
+        top = persistent.top_name if launch == "persistent" else (lambda spec: get_hls_kind(spec.kind).top_name(spec))
+        return sorted({top(k.spec) for k in self.kernels.values()} - set(self.compute_units))
 
     def ring_sizes_for(self, device: str, ring_slots: int | None, ring_rows: int | None) -> dict[str, tuple[int, int]]:
         """``kernel -> (slots, rows)`` of every recorded ring, for ``device`` opened with
@@ -628,11 +644,10 @@ def _persistence_problem(b: Bundle) -> str:
     for kname, k in b.kernels.items():
         if k.kind not in RING_CAPACITY:
             return f"kernel {kname!r}: the {k.kind} kind has no ring (no ring capacity registered), so no persistent top"
-    if b.xclbin is not None and b.compute_units:
-        missing = sorted({persistent.top_name(k.spec) for k in b.kernels.values()} - set(b.compute_units))
-        if missing:
-            return (f"its xclbin lacks the persistent top(s) {', '.join(missing)}: rebuild it with "
-                    "`offload build BUNDLE --launch both --vitis`")
+    missing = b.xclbin_lacks("persistent")
+    if missing:
+        return (f"its xclbin lacks the persistent top(s) {', '.join(missing)}: rebuild it with "
+                "`offload build BUNDLE --launch both --vitis`")
     return ""
 
 

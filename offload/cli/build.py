@@ -328,19 +328,18 @@ def _bundle_launch(b) -> dict[str, dict]:
     """Which launch modes this bundle offers where: on the card, from the tops its xclbin holds
     (per call: every kernel's top; persistent: every kernel's ``<top>_ring``); on the C++
     emulation and the simulator, from what those backends take."""
-    from offload.hls import persistent
-    from offload.hls.registry import get_hls_kind
-
     out: dict[str, dict] = {}
     if b.xclbin is not None:
-        cus = b.compute_units or {}
-        missing_call = sorted({get_hls_kind(k.kind).top_name(k.spec) for k in b.kernels.values()} - set(cus))
-        missing_ring = sorted({persistent.top_name(k.spec) for k in b.kernels.values()} - set(cus))
-        modes = [m for m, missing in (("per_call", missing_call), ("persistent", missing_ring)) if not missing]
-        why = ["per_call: the xclbin holds every kernel's top" if not missing_call else f"no per_call: the xclbin lacks {', '.join(missing_call)}",
-               "persistent: the xclbin holds every <top>_ring loop" if not missing_ring
-               else f"no persistent: the xclbin lacks {', '.join(missing_ring)} (rebuild with `offload build --launch both`)"]
-        out[f"card ({b.target})"] = {"modes": modes, "why": "; ".join(why)}
+        missing_call, missing_ring = b.xclbin_lacks("per_call"), b.xclbin_lacks("persistent")
+        if missing_call is None:  # the bundle does not record what its xclbin holds
+            out[f"card ({b.target})"] = {"modes": ["per_call", "persistent"],
+                                         "why": "the bundle records no compute units: the card tells which tops its xclbin holds"}
+        else:
+            modes = [m for m, missing in (("per_call", missing_call), ("persistent", missing_ring)) if not missing]
+            why = ["per_call: the xclbin holds every kernel's top" if not missing_call else f"no per_call: the xclbin lacks {', '.join(missing_call)}",
+                   "persistent: the xclbin holds every <top>_ring loop" if not missing_ring
+                   else f"no persistent: the xclbin lacks {', '.join(missing_ring)} (rebuild with `offload build --launch both`)"]
+            out[f"card ({b.target})"] = {"modes": modes, "why": "; ".join(why)}
     for backend in ("emu", "sim"):
         try:
             modes = list(_backend_modes(backend))

@@ -430,6 +430,31 @@ def test_info_says_which_launch_modes_a_bundle_offers(fakes, tmp_path):
     assert xrt["launch_modes"] == ["per_call", "persistent"] and "launch modes: per_call, persistent" in xrt["why"]
 
 
+def test_info_and_load_agree_on_a_bundle_that_records_no_compute_units(fakes, tmp_path):
+    """One check behind both (Bundle.xclbin_lacks): an xclbin with its compute units unrecorded
+    leaves the card to tell, so load(launch="persistent") takes it and info offers both modes,
+    while a recorded xclbin without the loop is refused by load and shown without it by info."""
+    import json
+
+    from click.testing import CliRunner
+
+    from offload.cli import main
+    from offload.host.bundle import load, record_xclbin
+
+    (tmp_path / "per").mkdir()
+    per = _bundle(tmp_path / "per", [_kernel()], ring=False)
+    assert per.xclbin_lacks("persistent") == [persistent.top_name(_kernel().spec)] and per.xclbin_lacks("per_call") == []
+    with pytest.raises(UnsupportedError, match="its xclbin lacks the persistent top"):
+        load(per.path, launch="persistent")
+    bare = record_xclbin(per.path, per.xclbin, target="u55c", platform=PLATFORM)
+    assert bare.compute_units == {} and bare.xclbin_lacks("persistent") is None
+    assert load(bare.path, launch="persistent").launch == "persistent"
+    r = CliRunner().invoke(main, ["info", str(bare.path), "--json"])
+    assert r.exit_code == 0, r.output
+    card = json.loads(r.output)["launch"]["card (u55c)"]
+    assert card["modes"] == ["per_call", "persistent"] and "records no compute units" in card["why"]
+
+
 # -- the ring size the bundle records ----------------------------------------------------------------
 def test_the_ring_the_bundle_records_is_the_one_opened(fakes, tmp_path):
     """The xclbin's loop was compiled for 2 slots of 3 rows, as the manifest records: the host's
