@@ -12,7 +12,10 @@ fixed-length bags; batch x bag 1x1, 1x20, 64x20, 4096x20, 4096x100):
 
 - ``F``: ``torch.nn.functional.embedding_bag`` on the float32 table (the op's baseline);
 - ``torch``: ``torch.nn.EmbeddingBag`` (the module's baseline);
-- ``op``: ``torch.ops.offload.embedding_lookup`` (offsets with the end, as the op takes them);
+- ``op``: ``torch.ops.offload.embedding_lookup`` (offsets with the end, as the op takes them): its
+  C++ kernel where it is built (:mod:`offload.ops.native`), which serves these calls;
+- ``py``: ``torch.ops.offload._embedding_lookup_py``, the same op's Python implementation (what
+  ``op`` runs where the C++ kernel is not built);
 - ``module``: ``offload.nn.EmbeddingBag`` on the sim device;
 - ``kernel``: the fused kernels alone (:func:`offload.sim.embedding.fused.run`, validated inputs,
   the raw int64 result) on the device's aligned resident tables.
@@ -104,11 +107,12 @@ def emb_contenders(rows: int, dim: int, B: int, L: int, state: dict) -> dict:
     idx_np = rng.integers(0, rows, B * L).astype(np.int64)
     off_np = np.arange(B + 1, dtype=np.int64) * L
     idx, off, off_end = torch.from_numpy(idx_np), torch.from_numpy(off_np[:-1].copy()), torch.from_numpy(off_np)
-    op, rid = torch.ops.offload.embedding_lookup, m.rid
+    op, py, rid = torch.ops.offload.embedding_lookup, torch.ops.offload._embedding_lookup_py, m.rid
     return {
         "F": lambda: F.embedding_bag(idx, weight, off, mode="sum"),
         "torch": lambda: bag(idx, off),
         "op": lambda: op(rid, idx, off_end, None, torch.float32),
+        "py": lambda: py(rid, idx, off_end, None, torch.float32),
         "module": lambda: m(idx, off),
         "kernel": lambda: fused.run(plan, tables, params, idx_np, off_np),
     }
@@ -168,12 +172,13 @@ def main() -> None:
         ctx = MODES[mode]
         if a.only in (None, "emb"):
             print(f"\n## embedding, {mode}, table {a.rows} x {a.dim} {FMT}, sum\n")
-            print("| batch x bag | F us | op us | op / F | torch us | module us | module / torch | kernel us | op / kernel | module / kernel |")
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            print("| batch x bag | F us | op us | op / F | py us | py / F | torch us | module us | module / torch | kernel us | op / kernel | module / kernel |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             for B, L in EMB_CASES:
                 with ctx():
                     p = paired(emb_contenders(a.rows, a.dim, B, L, emb_state), a.rounds, clock)
-                print(f"| {B} x {L} | {us(p, 'F'):.1f} | {us(p, 'op'):.1f} | {ratio(p, 'op', 'F'):.2f} | {us(p, 'torch'):.1f} | "
+                print(f"| {B} x {L} | {us(p, 'F'):.1f} | {us(p, 'op'):.1f} | {ratio(p, 'op', 'F'):.2f} | {us(p, 'py'):.1f} | "
+                      f"{ratio(p, 'py', 'F'):.2f} | {us(p, 'torch'):.1f} | "
                       f"{us(p, 'module'):.1f} | {ratio(p, 'module', 'torch'):.2f} | {us(p, 'kernel'):.1f} | "
                       f"{ratio(p, 'op', 'kernel'):.2f} | {ratio(p, 'module', 'kernel'):.2f} |", flush=True)
         if a.only in (None, "mlp"):

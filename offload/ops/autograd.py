@@ -31,16 +31,18 @@ __all__ = ["register_inference_only"]
 _PLAIN_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU).raw_repr()
 
 
-def register_inference_only(qualname: str, lib: torch.library.Library, direct: Optional[Callable[..., Any]] = None) -> None:
+def register_inference_only(qualname: str, lib: torch.library.Library, direct: Optional[Callable[..., Any]] = None,
+                            shown: Optional[str] = None) -> None:
     """Register a backward for ``qualname`` (``"offload::mlp_score"``) that raises UnsupportedError.
 
     ``direct``: the op's CompositeExplicitAutograd implementation, to skip the redispatch on plain
-    CPU calls that need no gradient (see the module docstring).
+    CPU calls that need no gradient (see the module docstring). ``shown``: the op the error names
+    (an implementation op, ``offload::_embedding_lookup_py``, names the public one).
     """
 
     def backward(ctx: Any, *grads: Any) -> Any:
         raise UnsupportedError(
-            f"{qualname} is not differentiable: offload kernels are inference-only (quantized, "
+            f"{shown or qualname} is not differentiable: offload kernels are inference-only (quantized, "
             "fixed-point, on a card); train the float model, then convert it with from_float / offload.offload"
         )
 

@@ -30,6 +30,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from offload.ops import native
 from offload.ops.autograd import register_inference_only
 from offload.ops.resident import bound_call, get_resident
 from offload.sim.embedding.fused import using_threads
@@ -42,6 +43,9 @@ _ARGS = "int rid, Tensor indices, Tensor offsets, Tensor? per_sample_weights, Sc
 _lib = torch.library.Library("offload", "FRAGMENT")
 _lib.define(f"embedding_lookup({_ARGS}, bool include_last_offset=True) -> Tensor")
 _lib.define(f"embedding_lookup_tbe({_ARGS}) -> Tensor")
+# embedding_lookup's Python implementation as an op of its own: where the C++ kernel is built
+# (offload.ops.native) it serves the common call and hands every other one here, through the dispatcher.
+_lib.define(f"_embedding_lookup_py({_ARGS}, bool include_last_offset=True) -> Tensor")
 
 # Index dtypes the ops take (torch's embedding_bag takes int32/int64 only, see
 # aten/src/ATen/native/EmbeddingBag.cpp at v2.13: checkScalarTypes(... {kLong, kInt})). The kernel
@@ -175,6 +179,8 @@ def _impl(rid: int, indices: torch.Tensor, offsets: torch.Tensor, per_sample_wei
             with using_threads(n):
                 out = lookup(idx, off, w)
         y = torch.from_numpy(out) if fp32 else raw_to_tensor(out, spec.out_type, dtype)
+    if single and fp32:
+        native.attach(res)  # from the next call on, the C++ kernel serves what it can
     return y if indices.is_cpu else y.to(indices.device)
 
 
@@ -221,9 +227,8 @@ def _fake(rid, indices, offsets, per_sample_weights, dtype):
     return indices.new_empty((b, spec.out_dim), dtype=dtype)
 
 
-_lib.impl("embedding_lookup", _impl_single, "CompositeExplicitAutograd")
-_lib.impl("embedding_lookup_tbe", _impl_tbe, "CompositeExplicitAutograd")
-torch.library.register_fake("offload::embedding_lookup", _fake_single, lib=_lib)
-torch.library.register_fake("offload::embedding_lookup_tbe", _fake, lib=_lib)
-register_inference_only("offload::embedding_lookup", _lib, _impl_single)
-register_inference_only("offload::embedding_lookup_tbe", _lib, _impl_tbe)
+for _name, _fn, _fk in (("embedding_lookup", _impl_single, _fake_single), ("_embedding_lookup_py", _impl_single, _fake_single),
+                        ("embedding_lookup_tbe", _impl_tbe, _fake)):
+    _lib.impl(_name, _fn, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"offload::{_name}", _fk, lib=_lib)
+    register_inference_only(f"offload::{_name}", _lib, _fn, shown="offload::embedding_lookup" if _fn is _impl_single else None)

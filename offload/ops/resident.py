@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from offload.host import Device, KernelHandle, default_device
 from offload.kernels import Kernel
 
-__all__ = ["Resident", "make_resident", "get_resident", "release_resident", "bound_call"]
+__all__ = ["Resident", "make_resident", "get_resident", "release_resident", "bound_call", "on_release"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Resident:
 _TABLE: dict[int, Resident] = {}
 _IDS = itertools.count(1)
 _LOCK = threading.Lock()
+_ON_RELEASE: list[Callable[["Resident"], None]] = []
 
 
 def make_resident(kernel: Kernel, device: str | Device | None = None, on_overflow: str = "warn") -> Resident:
@@ -54,7 +56,15 @@ def get_resident(rid: int) -> Resident:
 
 def release_resident(rid: int) -> None:
     with _LOCK:
-        _TABLE.pop(int(rid), None)
+        res = _TABLE.pop(int(rid), None)
+    if res is not None:
+        for hook in _ON_RELEASE:
+            hook(res)
+
+
+def on_release(hook: Callable[[Resident], None]) -> None:
+    """Call ``hook(res)`` whenever a resident kernel is released (the C++ op forgets its entry)."""
+    _ON_RELEASE.append(hook)
 
 
 def bound_call(res: Resident, method: str, fp32: bool):

@@ -34,9 +34,10 @@ def test_float32_output_is_bit_identical_to_the_two_step_conversion(fmt):
 
 
 def test_plain_cpu_calls_skip_the_redispatch_and_others_keep_it(monkeypatch):
-    """The autograd kernel calls the implementation directly for a plain CPU call that needs no
-    gradient; a call with a weight requiring grad, or under a dispatch mode, still goes through
-    torch's own path (redispatch below autograd), with the same results."""
+    """The Python autograd kernel calls the implementation directly for a plain CPU call that needs
+    no gradient; a call with a weight requiring grad, or under a dispatch mode, still goes through
+    torch's own path (redispatch below autograd), with the same results. (embedding_lookup_tbe:
+    embedding_lookup's CPU calls meet the C++ kernel first where it is built, tests/ops/test_embedding_native.py.)"""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     torch.manual_seed(0)
@@ -44,7 +45,7 @@ def test_plain_cpu_calls_skip_the_redispatch_and_others_keep_it(monkeypatch):
     m = offload.nn.EmbeddingBag.from_float(bag, device="sim")
     idx, off = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2, 5])
     w = torch.rand(5)
-    op = torch.ops.offload.embedding_lookup.default
+    op = torch.ops.offload.embedding_lookup_tbe.default
     redispatched = []
     real = type(op).redispatch
 
