@@ -75,13 +75,18 @@ _LS, _S, _C0, _C1, _CONV, _OVF, _LO, _HI, _OFF, _MASK = range(10)
 _CAST_LEN = 10
 _FIT_NONE, _FIT_WRAP, _FIT_SAT, _FIT_SATZ = range(4)
 # One layer record: op, sizes, offsets, dense loop, five op-specific values (a dense layer's
-# product rounding LS, S, C0, C1, CONV), then up to two cast blocks (A, B).
-_R_OP, _R_NIN, _R_NOUT, _R_W, _R_B, _R_MODE, _R_K0, _R_K1, _R_K2, _R_K3, _R_K4 = range(11)
-_R_A = 11
+# product rounding LS, S, C0, C1, CONV), a dense layer's lanes (_LANE32: its weights at _R_W in
+# ``data32`` and its loop in int32; _LANE64: in ``data``, int64), then up to two cast blocks (A, B).
+_R_OP, _R_NIN, _R_NOUT, _R_W, _R_B, _R_MODE, _R_K0, _R_K1, _R_K2, _R_K3, _R_K4, _R_LANE = range(12)
+_R_A = 12
 _R_B2 = _R_A + _CAST_LEN
 _REC = _R_B2 + _CAST_LEN
 _OP_DENSE, _OP_BN, _OP_RELU, _OP_LEAKY, _OP_TABLE = range(5)
 _D_PLAIN, _D_ROUNDED, _D_SAT, _D_SATZ = range(4)
+_LANE64, _LANE32 = range(2)
+_LIM32 = 1 << 31  # a value below this in magnitude is exact in an int32 lane
+# The kernel's row blocks (tuples: their length is a compile-time constant, see the dense loops).
+_BLOCK, _ONE = (0, 1, 2, 3), (0,)
 # Header: layer count, input rounding mode, widest layer, then the input fit block.
 _H_N, _H_RMODE, _H_WIDE = range(3)
 _H_FIT = 3
@@ -170,19 +175,20 @@ class Program:
     """One (input type, layers, tensors) as the kernel's instruction vector and data."""
 
     prog: np.ndarray  # int64: header, then one record per layer
-    data: np.ndarray  # int64: weights, biases, tables, concatenated
+    data: np.ndarray  # int64: biases, tables, scales, the weights of int64-lane layers, concatenated
     in_scale: float  # 2**F of the input type
     out_scale: float  # 2**-F of the last type
     n_out: int
     arrays: tuple  # (name, array, snapshot or None): see _current
     n_in: int  # features a row: the kernel's buffers are sized from the program, not from x
+    data32: np.ndarray  # int32: the weights of int32-lane layers, concatenated
 
     def __post_init__(self) -> None:
         # The compiled entry points take these as their signature says, unchecked (see _ENTRY).
-        for name in ("prog", "data"):
+        for name, dt in (("prog", np.int64), ("data", np.int64), ("data32", np.int32)):
             a = getattr(self, name)
-            if not (isinstance(a, np.ndarray) and a.dtype == np.int64 and a.ndim == 1 and a.flags.c_contiguous and a.flags.aligned):
-                raise TypeError(f"Program.{name}: expected a C-contiguous 1-D int64 array")
+            if not (isinstance(a, np.ndarray) and a.dtype == dt and a.ndim == 1 and a.flags.c_contiguous and a.flags.aligned):
+                raise TypeError(f"Program.{name}: expected a C-contiguous 1-D {np.dtype(dt).name} array")
 
     def run(self, x: np.ndarray) -> np.ndarray | None:
         """Float64 outputs of float64 rows ``x`` [B, F]; None where a value needs the bit-level
@@ -193,7 +199,7 @@ class Program:
         if not (x.flags.writeable and x.flags.aligned):
             x = x.copy()  # a read-only or misaligned array is another numba type: a compile, on a request
         out = np.empty((x.shape[0], self.n_out), dtype=np.float64)
-        if not _ENTRY.get("d", _run_rows)(x, self.prog, self.data, self.in_scale, self.out_scale, out):
+        if not _ENTRY.get("d", _run_rows)(x, self.prog, self.data, self.data32, self.in_scale, self.out_scale, out):
             return None
         return out
 
@@ -231,7 +237,7 @@ class Program:
             score = prog.bind_fp32(lambda x: simulate(t, layers, tensors, x.astype(np.float64)).astype(np.float32))
             y = score(rows)
         """
-        prog, data, in_scale, out_scale, n_in, n_out = self.prog, self.data, self.in_scale, self.out_scale, self.n_in, self.n_out
+        prog, data, data32, in_scale, out_scale, n_in, n_out = self.prog, self.data, self.data32, self.in_scale, self.out_scale, self.n_in, self.n_out
         entry = _ENTRY.get("f", _run_rows)  # warm_up ran at the kind's prepare; else the dispatcher
         empty, f32 = np.empty, _F32
 
@@ -243,7 +249,7 @@ class Program:
                 flags = x.flags
                 if flags.c_contiguous and flags.writeable and flags.aligned:
                     out = empty((x.shape[0], n_out), f32)
-                    if entry(x, prog, data, in_scale, out_scale, out):
+                    if entry(x, prog, data, data32, in_scale, out_scale, out):
                         return out
             return general(x)
 
@@ -272,12 +278,18 @@ def _compile(input_type: FixedType, layers: Sequence[MlpLayer], tensors: Mapping
     head[_H_FIT + _OVF:_H_FIT + _CAST_LEN] = fit
     wide = layers[0].n_in
     data: list[np.ndarray] = []
-    size = [0]
+    data32: list[np.ndarray] = []
+    size = [0, 0]
 
-    def put(a: np.ndarray) -> int:
-        off = size[0]
-        data.append(np.ascontiguousarray(a, dtype=np.int64).ravel())
-        size[0] += data[-1].size
+    def put(a: np.ndarray, lane: int = _LANE64) -> int:
+        """Offset of ``a`` in ``data`` (_LANE64) or ``data32`` (_LANE32, every value checked)."""
+        store, dt = (data32, np.int32) if lane == _LANE32 else (data, np.int64)
+        off = size[lane]
+        a = np.ascontiguousarray(a, dtype=np.int64).ravel()
+        if lane == _LANE32 and a.size and int(np.abs(a).max()) >= _LIM32:
+            raise AssertionError("an int32-lane weight does not fit int32")  # _lanes is wrong
+        store.append(a.astype(dt))
+        size[lane] += a.size
         return off
 
     recs = []
@@ -313,6 +325,7 @@ def _compile(input_type: FixedType, layers: Sequence[MlpLayer], tensors: Mapping
         layers[-1].n_out,
         tuple(arrays),
         layers[0].n_in,
+        np.concatenate(data32) if data32 else np.zeros(1, dtype=np.int32),
     )
 
 
@@ -365,12 +378,40 @@ def _dense(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put) ->
         r[_R_MODE] = _D_SAT if fit[0] == _FIT_SAT else _D_SATZ
         _bits_ok(at.min_raw * 2, at.max_raw * 2, tb)
         alo, ahi = fit[1], fit[2]
-    r[_R_W] = put(w)
+    lane = _lane(int(r[_R_MODE]), fit[0], at.width, alo, ahi, xabs, int(np.abs(w).max(initial=0)), babs, pb, ls, s, m)
+    r[_R_LANE] = lane
+    r[_R_W] = put(w, lane)
     r[_R_K0:_R_K4 + 1] = rnd
     r[_R_A:_R_A + _CAST_LEN] = [0, 0, 0, 0, 0] + fit  # the accumulator's fit alone
     block, lo2, hi2 = _cast_block(rt, at, alo, ahi)
     r[_R_B2:_R_B2 + _CAST_LEN] = block
     return lo2, hi2
+
+
+def _lane(mode: int, fit: int, width: int, alo: int, ahi: int, xabs: int, wabs: int, babs: int, pb: int, ls: int, s: int, m: int) -> int:
+    """_LANE32 where every value a dense loop forms is exact in int32 arithmetic, else _LANE64.
+
+    Inputs, stored weights (pre-shift included) and biases must fit. A ``plain`` or ``rounded``
+    accumulation is then exact if no partial sum can leave int32 (``m``, the bound on any partial
+    sum with the bias, below 2**31), or if the accumulator wraps into ``width`` <= 32 bits: int32
+    sums wrap modulo 2**32, and the wrap into W <= 32 bits depends on the total modulo 2**W only
+    (the ``plain`` products, exact integers, may wrap too). A rounded product is shifted right,
+    which does not commute with the wrap, so before its shift it must be exact: ``(pb << ls) +
+    2**s`` bounds it with its rounding bias. ``sat`` / ``satz`` clamp every partial sum into
+    [alo, ahi], so a clamped sum plus a clamped product, in [2 * alo, 2 * ahi], must fit.
+    """
+    if max(xabs, wabs, babs) >= _LIM32:
+        return _LANE64
+    wraps = fit == _FIT_WRAP and width <= 32
+    if mode == _D_PLAIN:
+        ok = m < _LIM32 or wraps
+    else:
+        ok = (pb << ls) + (1 << s) < _LIM32
+        if mode == _D_ROUNDED:
+            ok = ok and (m < _LIM32 or wraps)
+        else:
+            ok = ok and -_LIM32 <= 2 * alo and 2 * ahi < _LIM32
+    return _LANE32 if ok else _LANE64
 
 
 def _batchnorm(r, layer: MlpLayer, xt: FixedType, lo: int, hi: int, tensors, put) -> tuple[int, int]:
@@ -526,10 +567,10 @@ def warm_up() -> float:
     p = compile_program("ap_fixed<8,4>", (layer,), {"w.weight": np.ones((1, 1), dtype=np.int64), "w.bias": np.zeros(1, dtype=np.int64)})
     p.run(np.zeros((1, 1)))
     p.run_fp32(np.zeros((1, 1), dtype=np.float32))
-    vec = numba.types.Array(numba.int64, 1, "C")
+    vec, vec32 = numba.types.Array(numba.int64, 1, "C"), numba.types.Array(numba.int32, 1, "C")
     for code, dt in (("d", numba.float64), ("f", numba.float32)):
         rows = numba.types.Array(dt, 2, "C")
-        _ENTRY[code] = _run_rows.get_overload((rows, vec, vec, numba.float64, numba.float64, rows))
+        _ENTRY[code] = _run_rows.get_overload((rows, vec, vec, vec32, numba.float64, numba.float64, rows))
     if len(_run_rows.signatures) == known:  # both were there: nothing compiled or loaded
         return 0.0
     dt = time.perf_counter() - t0
@@ -543,29 +584,32 @@ def warm_up() -> float:
 if numba is not None:
 
     @numba.njit(nogil=True)
-    def _cast_into(src, dst, n, p, o):
-        """``dst[:n] = cast(src[:n])`` with block ``o``: the parameters are read into locals first
-        (``p`` is an int64 array like ``dst``, so LLVM could not hoist them out of the loop) and each
-        fit kind has its own loop, so every loop vectorises."""
+    def _cast_into(src, dst, nr, n, p, o):
+        """``dst[:nr, :n] = cast(src[:nr, :n])`` with block ``o``: the parameters are read into locals
+        first (``p`` is an int64 array like ``dst``, so LLVM could not hoist them out of the loop) and
+        each fit kind has its own loop, so every loop vectorises."""
         ls, s, c0, c1, conv = p[o + _LS], p[o + _S], p[o + _C0], p[o + _C1], p[o + _CONV]
         k, lo, hi, off, mask = p[o + _OVF], p[o + _LO], p[o + _HI], p[o + _OFF], p[o + _MASK]
-        if k == _FIT_NONE:
-            for j in range(n):
-                v = src[j] << ls
-                dst[j] = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
-        elif k == _FIT_WRAP:
-            for j in range(n):
-                v = src[j] << ls
-                dst[j] = (((v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s) + off & mask) - off
-        elif k == _FIT_SAT:
-            for j in range(n):
-                v = src[j] << ls
-                dst[j] = min(max((v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s, lo), hi)
-        else:
-            for j in range(n):
-                v = src[j] << ls
-                q = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
-                dst[j] = 0 if (q < lo or q > hi) else q
+        for r in range(nr):
+            a = src[r]
+            b = dst[r]
+            if k == _FIT_NONE:
+                for j in range(n):
+                    v = a[j] << ls
+                    b[j] = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+            elif k == _FIT_WRAP:
+                for j in range(n):
+                    v = a[j] << ls
+                    b[j] = (((v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s) + off & mask) - off
+            elif k == _FIT_SAT:
+                for j in range(n):
+                    v = a[j] << ls
+                    b[j] = min(max((v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s, lo), hi)
+            else:
+                for j in range(n):
+                    v = a[j] << ls
+                    q = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+                    b[j] = 0 if (q < lo or q > hi) else q
 
     @numba.njit(inline="always")
     def _quantize(y, mode):
@@ -599,72 +643,122 @@ if numba is not None:
     # The dense loops: separate functions (numba-level inlining of these into the kernel made
     # LLVM give up on vectorising them), ``w`` a 2-D view so every index is provably non-negative
     # (a flat ``w[base + j]`` keeps numba's negative-index fix-up, which LLVM turns into a gather).
-    # Vectorised across the outputs j. (Skipping the zero inputs a ReLU leaves costs more in
-    # mispredicted branches than the products it saves.)
+    # Vectorised across the outputs j, for a block of rows at once: ``rows`` is a tuple whose
+    # length (a compile-time constant: (0, 1, 2, 3) or (0,)) is the block's row count, so the
+    # innermost loop over the rows unrolls and each weight loaded serves every row of the block.
+    # ``lane`` (np.int32 or np.int64, the arrays' dtype) is the arithmetic's width: numba computes
+    # int32 operands in int64, and wrapping each step back into ``lane`` (exact: the program's
+    # bounds, see _lane) lets LLVM keep 16 lanes a vector; ``sm`` (31 or 63, folded to a constant)
+    # keeps every shift count provably below the lane's width, which that narrowing needs too.
+    # (Skipping the zero inputs a ReLU leaves costs more in mispredicted branches than the
+    # products it saves.)
     @numba.njit(nogil=True)
-    def _dense_plain(x, w, acc):
+    def _dense_plain(x, w, acc, rows, lane):
         n_in, n_out = w.shape
         for i in range(n_in):
-            xi = x[i]
             for j in range(n_out):
-                acc[j] += xi * w[i, j]
+                wv = w[i, j]
+                for r in range(len(rows)):
+                    acc[r, j] += lane(x[r, i] * wv)
 
     @numba.njit(nogil=True)
-    def _dense_rounded(x, w, acc, ls, s, c0, c1, conv):
+    def _dense_rounded(x, w, acc, ls, s, c0, c1, conv, rows, lane):
         n_in, n_out = w.shape
+        sm = 31 if lane(4294967296) == 0 else 63
+        ls, s = ls & sm, s & sm
         if c1 == 0 and conv == 0:  # AP_TRN, AP_RND, AP_RND_MIN_INF: a constant bias
             for i in range(n_in):
-                xi = x[i]
                 for j in range(n_out):
-                    acc[j] += (((xi * w[i, j]) << ls) + c0) >> s
+                    wv = w[i, j]
+                    for r in range(len(rows)):
+                        acc[r, j] += lane(lane(lane(x[r, i] * wv) << ls) + c0) >> s
             return
         for i in range(n_in):
-            xi = x[i]
             for j in range(n_out):
-                v = (xi * w[i, j]) << ls
-                acc[j] += (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+                wv = w[i, j]
+                for r in range(len(rows)):
+                    v = lane(lane(x[r, i] * wv) << ls)
+                    acc[r, j] += lane(v + c0 + ((v >> sm) & c1) + ((v >> s) & conv)) >> s
 
     @numba.njit(nogil=True)
-    def _dense_sat(x, w, acc, ls, s, c0, c1, conv, lo, hi):
+    def _dense_sat(x, w, acc, ls, s, c0, c1, conv, lo, hi, rows, lane):
         n_in, n_out = w.shape
+        sm = 31 if lane(4294967296) == 0 else 63
+        ls, s = ls & sm, s & sm
         for i in range(n_in):
-            xi = x[i]
             for j in range(n_out):
-                v = (xi * w[i, j]) << ls
-                t = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
-                t = min(max(t, lo), hi)
-                acc[j] = min(max(acc[j] + t, lo), hi)
+                wv = w[i, j]
+                for r in range(len(rows)):
+                    v = lane(lane(x[r, i] * wv) << ls)
+                    t = lane(lane(v + c0 + ((v >> sm) & c1) + ((v >> s) & conv)) >> s)
+                    t = min(max(t, lo), hi)
+                    acc[r, j] = min(max(lane(acc[r, j] + t), lo), hi)
 
     @numba.njit(nogil=True)
-    def _dense_satz(x, w, acc, ls, s, c0, c1, conv, lo, hi):
+    def _dense_satz(x, w, acc, ls, s, c0, c1, conv, lo, hi, rows, lane):
         n_in, n_out = w.shape
+        sm = 31 if lane(4294967296) == 0 else 63
+        ls, s = ls & sm, s & sm
+        zero = lane(0)
         for i in range(n_in):
-            xi = x[i]
             for j in range(n_out):
-                v = (xi * w[i, j]) << ls
-                t = (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
-                if t < lo or t > hi:
-                    t = 0
-                a = acc[j] + t
-                acc[j] = 0 if (a < lo or a > hi) else a
+                wv = w[i, j]
+                for r in range(len(rows)):
+                    v = lane(lane(x[r, i] * wv) << ls)
+                    t = lane(lane(v + c0 + ((v >> sm) & c1) + ((v >> s) & conv)) >> s)
+                    if t < lo or t > hi:
+                        t = zero
+                    a = lane(acc[r, j] + t)
+                    acc[r, j] = zero if (a < lo or a > hi) else a
 
+    # One output: a dot product per row, vectorised over the inputs i.
     @numba.njit(nogil=True)
-    def _dot_plain(x, w, n):
-        t = np.int64(0)
+    def _dot_plain(x, w, n, lane):
+        t = lane(0)
         for i in range(n):
-            t += x[i] * w[i]
+            t = lane(t + lane(x[i] * w[i]))
         return t
 
     @numba.njit(nogil=True)
-    def _dot_rounded(x, w, n, ls, s, c0, c1, conv):
-        t = np.int64(0)
+    def _dot_rounded(x, w, n, ls, s, c0, c1, conv, lane):
+        sm = 31 if lane(4294967296) == 0 else 63
+        ls, s = ls & sm, s & sm
+        t = lane(0)
         for i in range(n):
-            v = (x[i] * w[i]) << ls
-            t += (v + c0 + ((v >> 63) & c1) + ((v >> s) & conv)) >> s
+            v = lane(lane(x[i] * w[i]) << ls)
+            t = lane(t + (lane(v + c0 + ((v >> sm) & c1) + ((v >> s) & conv)) >> s))
         return t
 
     @numba.njit(nogil=True)
-    def _layer(p, o, d, cur, nxt, acc):
+    def _products(x, w, acc, n_in, n_out, p, o, rows, lane):
+        """acc[r, :n_out] += the dense products of x[r, :n_in] and ``w`` (flat, n_in x n_out), in
+        ``lane`` arithmetic, with the record's loop."""
+        mode = p[o + _R_MODE]
+        # In ``lane`` (exact: see _lane), so that LLVM can keep the loops' arithmetic in it.
+        ls, s, c0, c1, conv = lane(p[o + _R_K0]), lane(p[o + _R_K1]), lane(p[o + _R_K2]), lane(p[o + _R_K3]), lane(p[o + _R_K4])
+        if n_out == 1 and mode <= _D_ROUNDED:
+            for r in range(len(rows)):
+                if mode == _D_PLAIN:
+                    acc[r, 0] += _dot_plain(x[r], w, n_in, lane)
+                else:
+                    acc[r, 0] += _dot_rounded(x[r], w, n_in, ls, s, c0, c1, conv, lane)
+            return
+        w2 = w.reshape((n_in, n_out))
+        A = o + _R_A
+        lo, hi = lane(p[A + _LO]), lane(p[A + _HI])
+        if mode == _D_PLAIN:
+            _dense_plain(x, w2, acc, rows, lane)
+        elif mode == _D_ROUNDED:
+            _dense_rounded(x, w2, acc, ls, s, c0, c1, conv, rows, lane)
+        elif mode == _D_SAT:
+            _dense_sat(x, w2, acc, ls, s, c0, c1, conv, lo, hi, rows, lane)
+        else:
+            _dense_satz(x, w2, acc, ls, s, c0, c1, conv, lo, hi, rows, lane)
+
+    @numba.njit(nogil=True)
+    def _layer(p, o, d, d32, cur, nxt, acc, cur32, acc32, rows):
+        """One layer for the block's rows: ``cur`` [rows, n_in] to ``nxt`` [rows, n_out]."""
+        nr = len(rows)
         op = p[o + _R_OP]
         n_in = p[o + _R_NIN]
         n_out = p[o + _R_NOUT]
@@ -673,93 +767,121 @@ if numba is not None:
         wo = p[o + _R_W]
         bo = p[o + _R_B]
         if op == _OP_DENSE:
-            mode = p[o + _R_MODE]
-            ls, s, c0, c1, conv = p[o + _R_K0], p[o + _R_K1], p[o + _R_K2], p[o + _R_K3], p[o + _R_K4]
             bias = d[bo:bo + n_out]
-            for j in range(n_out):
-                acc[j] = bias[j]
-            if n_out == 1 and mode <= _D_ROUNDED:  # one output: a dot product, vectorised over i
-                w1 = d[wo:wo + n_in]
-                if mode == _D_PLAIN:
-                    acc[0] += _dot_plain(cur, w1, n_in)
+            if p[o + _R_LANE] == _LANE32:
+                for r in range(nr):
+                    for i in range(n_in):
+                        cur32[r, i] = np.int32(cur[r, i])
+                    for j in range(n_out):
+                        acc32[r, j] = np.int32(bias[j])
+                _products(cur32, d32[wo:wo + n_in * n_out], acc32, n_in, n_out, p, o, rows, np.int32)
+                # The wrap of the total, then the cast; ``cur``, read by now, holds the wrapped sums
+                # (a cast in place would not vectorise: LLVM's overlap check fails).
+                if p[o + _R_MODE] <= _D_ROUNDED and p[A + _OVF] != _FIT_NONE:
+                    _cast_into(acc32, cur, nr, n_out, p, A)
+                    _cast_into(cur, nxt, nr, n_out, p, B)
                 else:
-                    acc[0] += _dot_rounded(cur, w1, n_in, ls, s, c0, c1, conv)
+                    _cast_into(acc32, nxt, nr, n_out, p, B)
             else:
-                w = d[wo:wo + n_in * n_out].reshape((n_in, n_out))
-                if mode == _D_PLAIN:
-                    _dense_plain(cur, w, acc)
-                elif mode == _D_ROUNDED:
-                    _dense_rounded(cur, w, acc, ls, s, c0, c1, conv)
-                elif mode == _D_SAT:
-                    _dense_sat(cur, w, acc, ls, s, c0, c1, conv, p[A + _LO], p[A + _HI])
+                for r in range(nr):
+                    for j in range(n_out):
+                        acc[r, j] = bias[j]
+                _products(cur, d[wo:wo + n_in * n_out], acc, n_in, n_out, p, o, rows, np.int64)
+                if p[o + _R_MODE] <= _D_ROUNDED and p[A + _OVF] != _FIT_NONE:
+                    _cast_into(acc, cur, nr, n_out, p, A)
+                    _cast_into(cur, nxt, nr, n_out, p, B)
                 else:
-                    _dense_satz(cur, w, acc, ls, s, c0, c1, conv, p[A + _LO], p[A + _HI])
-            if mode <= _D_ROUNDED and p[A + _OVF] != _FIT_NONE:  # the wrap of the total
-                _cast_into(acc, acc, n_out, p, A)
-            _cast_into(acc, nxt, n_out, p, B)
+                    _cast_into(acc, nxt, nr, n_out, p, B)
         elif op == _OP_BN:
             scale = d[wo:wo + n_out]
             bias = d[bo:bo + n_out]
             up = p[o + _R_K0]
-            for j in range(n_out):
-                acc[j] = ((cur[j] * scale[j]) << up) + bias[j]
-            _cast_into(acc, nxt, n_out, p, B)
+            for r in range(nr):
+                for j in range(n_out):
+                    acc[r, j] = ((cur[r, j] * scale[j]) << up) + bias[j]
+            _cast_into(acc, nxt, nr, n_out, p, B)
         elif op == _OP_RELU:
-            for j in range(n_out):
-                acc[j] = max(cur[j], 0)
-            _cast_into(acc, nxt, n_out, p, B)
+            for r in range(nr):
+                for j in range(n_out):
+                    acc[r, j] = max(cur[r, j], 0)
+            _cast_into(acc, nxt, nr, n_out, p, B)
         elif op == _OP_LEAKY:
             alpha = p[o + _R_K0]
-            for j in range(n_out):
-                acc[j] = alpha * cur[j]
-            _cast_into(acc, acc, n_out, p, A)  # both branches everywhere: each block is exact
-            _cast_into(cur, nxt, n_out, p, B)  # over the whole input range
-            for j in range(n_out):
-                if cur[j] <= 0:
-                    nxt[j] = acc[j]
+            for r in range(nr):
+                for j in range(n_out):
+                    acc[r, j] = alpha * cur[r, j]
+            _cast_into(acc, acc, nr, n_out, p, A)  # both branches everywhere: each block is exact
+            _cast_into(cur, nxt, nr, n_out, p, B)  # over the whole input range
+            for r in range(nr):
+                for j in range(n_out):
+                    if cur[r, j] <= 0:
+                        nxt[r, j] = acc[r, j]
         else:
             n = p[o + _R_K0]
             lg = p[o + _R_K1]
             f = p[o + _R_K2]
             offset = p[o + _R_K3]
             table = d[wo:wo + n]
-            for j in range(n_out):
-                a = cur[j] * n
-                q = (a + ((a >> 63) & ((np.int64(1) << lg) - 1))) >> lg  # / span, toward zero
-                if f > 0:
-                    q = (q + ((q >> 63) & ((np.int64(1) << f) - 1))) >> f  # to_int(): toward zero
-                else:
-                    q = q << -f
-                # int32 arithmetic of the header: the low 32 bits, then + offset, again 32 bits.
-                q = ((q + 2147483648) & 0xFFFFFFFF) - 2147483648
-                q = ((q + offset + 2147483648) & 0xFFFFFFFF) - 2147483648
-                nxt[j] = table[min(max(q, 0), n - 1)]
+            for r in range(nr):
+                for j in range(n_out):
+                    a = cur[r, j] * n
+                    q = (a + ((a >> 63) & ((np.int64(1) << lg) - 1))) >> lg  # / span, toward zero
+                    if f > 0:
+                        q = (q + ((q >> 63) & ((np.int64(1) << f) - 1))) >> f  # to_int(): toward zero
+                    else:
+                        q = q << -f
+                    # int32 arithmetic of the header: the low 32 bits, then + offset, again 32 bits.
+                    q = ((q + 2147483648) & 0xFFFFFFFF) - 2147483648
+                    q = ((q + offset + 2147483648) & 0xFFFFFFFF) - 2147483648
+                    nxt[r, j] = table[min(max(q, 0), n - 1)]
+
+    @numba.njit(nogil=True)
+    def _block(x, b, p, d, d32, in_scale, out_scale, out, cur, nxt, acc, cur32, acc32, rows):
+        """Every layer for rows ``b .. b + len(rows)`` of ``x``; False as _run_rows."""
+        nr = len(rows)
+        nf = x.shape[1]
+        mode = p[_H_RMODE]
+        lim = 4611686018427387904.0  # 2**62
+        inside = 0
+        for r in range(nr):
+            xr = x[b + r]
+            c = nxt[r]
+            for i in range(nf):  # counted, not an early exit, so that the loop vectorises
+                y = xr[i] * in_scale
+                a = abs(y) < lim  # False for NaN too
+                inside += a
+                c[i] = np.int64(_quantize(y if a else 0.0, mode))
+        if inside != nr * nf:
+            return False
+        _cast_into(nxt, cur, nr, nf, p, _H_FIT)  # the input type's overflow mode
+        n = nf
+        for k in range(p[_H_N]):
+            o = _HEAD + k * _REC
+            _layer(p, o, d, d32, cur, nxt, acc, cur32, acc32, rows)
+            cur, nxt = nxt, cur
+            n = p[o + _R_NOUT]
+        for r in range(nr):
+            for j in range(n):
+                out[b + r, j] = cur[r, j] * out_scale
+        return True
 
     @numba.njit(nogil=True, cache=True)
-    def _run_rows(x, p, d, in_scale, out_scale, out):
+    def _run_rows(x, p, d, d32, in_scale, out_scale, out):
         """All layers for every row of ``x``; False (nothing meaningful in ``out``) when some input
-        needs the bit-level quantization."""
-        rows, nf = x.shape
-        nl = p[_H_N]
-        mode = p[_H_RMODE]
+        needs the bit-level quantization. Blocks of four rows (_BLOCK) share each pass over a
+        layer's weights; the last rows go one at a time (_ONE), so a lone row computes only itself."""
+        rows = x.shape[0]
         wide = p[_H_WIDE]
-        cur = np.empty(wide, dtype=np.int64)
-        nxt = np.empty(wide, dtype=np.int64)
-        acc = np.empty(wide, dtype=np.int64)
-        lim = 4611686018427387904.0  # 2**62
-        for b in range(rows):
-            for i in range(nf):
-                y = x[b, i] * in_scale
-                if not (y < lim and y > -lim):  # also NaN
-                    return False
-                cur[i] = np.int64(_quantize(y, mode))
-            _cast_into(cur, cur, nf, p, _H_FIT)  # the input type's overflow mode
-            n = nf
-            for k in range(nl):
-                o = _HEAD + k * _REC
-                _layer(p, o, d, cur, nxt, acc)
-                cur, nxt = nxt, cur
-                n = p[o + _R_NOUT]
-            for j in range(n):
-                out[b, j] = cur[j] * out_scale
+        cur = np.empty((4, wide), dtype=np.int64)
+        nxt = np.empty((4, wide), dtype=np.int64)
+        acc = np.empty((4, wide), dtype=np.int64)
+        cur32 = np.empty((4, wide), dtype=np.int32)
+        acc32 = np.empty((4, wide), dtype=np.int32)
+        full = rows - rows % 4
+        for b in range(0, full, 4):
+            if not _block(x, b, p, d, d32, in_scale, out_scale, out, cur, nxt, acc, cur32, acc32, _BLOCK):
+                return False
+        for b in range(full, rows):
+            if not _block(x, b, p, d, d32, in_scale, out_scale, out, cur, nxt, acc, cur32, acc32, _ONE):
+                return False
         return True
