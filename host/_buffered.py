@@ -176,6 +176,10 @@ class BufferedDevice:
         """None, as :meth:`bind_rows`: callers use :meth:`run`."""
         return self.bind_rows(handle, fp32=fp32)
 
+    def bind_native(self, handle: KernelHandle) -> Any:
+        """None, as :meth:`bind_rows`: the kernel runs behind buffers, not on the caller's memory."""
+        return self.bind_rows(handle)
+
     def submit(self, handle: KernelHandle, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
         """Run asynchronously; the future resolves to :meth:`run`'s result (or its error)."""
         with self._lock:

@@ -127,6 +127,17 @@ class Device(Protocol):
         """
         ...
 
+    def bind_native(self, handle: KernelHandle) -> Any:
+        """The kind's C-ABI entry for ``handle`` (the sim device's embedding kernels:
+        :class:`offload.sim.embedding.fused.NativeEntry`, which a compiled caller invokes with raw
+        pointers and no Python), or ``None`` when the device has none.
+
+        Example::
+
+            entry = dev.bind_native(h)
+        """
+        ...
+
     def load_bundle(self, bundle: Any) -> dict[str, KernelHandle]:
         """Load every kernel of an :class:`offload.host.bundle.Bundle` (the card backends first load
         its xclbin, checking the UUID the bundle recorded); kernel name -> handle."""

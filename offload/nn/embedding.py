@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import offload.ops.embedding  # noqa: F401  (registers torch.ops.offload.embedding_lookup*)
+from offload.ops import native
 from offload.ops.resident import Resident, make_resident, release_resident
 from offload.host import Device
 from offload.kernels import Kernel
@@ -87,6 +88,10 @@ class _Resident(torch.nn.Module):
             raise InputError(f"on_overflow: must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
         self._kernel = kernel
         self._res: Resident = make_resident(kernel, device, on_overflow)
+        if dtype == torch.float32:
+            # The op's C++ kernel is built (or loaded) and attached here, with the device's JIT,
+            # so no lookup pays for it (the op attaches on its first call otherwise).
+            native.attach(self._res)
         self.rid: int = self._res.id
         self.dtype = dtype
         self.on_overflow = on_overflow

@@ -111,8 +111,7 @@ def attach(res: Resident) -> bool:
 
 
 def _attach(res: Resident) -> bool:
-    bind = getattr(res.device, "bind_native", None)
-    entry = None if bind is None else bind(res.handle)
+    entry = res.device.bind_native(res.handle)
     ok = entry is not None and available()
     if ok:
         torch.ops.offload._native_embedding_attach(res.id, [

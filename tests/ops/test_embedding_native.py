@@ -240,3 +240,14 @@ def test_no_compiler_leaves_the_python_op_and_says_so(monkeypatch, caplog):
     idx, off = torch.tensor([1, 2, 3]), torch.tensor([0, 1, 3])
     OP(m.rid, idx, off, None, torch.float32)
     assert not native.attach(m._res) and not _served(lambda: OP(m.rid, idx, off, None, torch.float32))
+
+
+def test_a_float32_module_is_served_from_its_first_lookup():
+    """The module attaches its kernel when it is made, with the device's JIT, so no lookup builds
+    or compiles anything: the first call already runs in C++. A float64 module is not attached."""
+    m = _module()
+    idx, off = torch.tensor([1, 2, 3, 4], dtype=torch.int64), torch.tensor([0, 2, 4], dtype=torch.int64)
+    assert _served(lambda: m(idx, off))
+    bag = torch.nn.EmbeddingBag(60, 8, mode="sum")
+    m64 = offload.nn.EmbeddingBag.from_float(bag, fmt="ap_fixed<16,6>", max_bag_size=12, device="sim", dtype=torch.float64)
+    assert not _served(lambda: m64(idx, off))
