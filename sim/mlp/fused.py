@@ -730,14 +730,25 @@ if numba is not None:
         return t
 
     @numba.njit(nogil=True)
-    def _products(x, w, acc, n_in, n_out, p, o, rows, lane):
-        """acc[r, :n_out] += the dense products of x[r, :n_in] and ``w`` (flat, n_in x n_out), in
-        ``lane`` arithmetic, with the record's loop."""
+    def _loop(x, w, acc, mode, ls, s, c0, c1, conv, lo, hi, rows, lane):
+        if mode == _D_PLAIN:
+            _dense_plain(x, w, acc, rows, lane)
+        elif mode == _D_ROUNDED:
+            _dense_rounded(x, w, acc, ls, s, c0, c1, conv, rows, lane)
+        elif mode == _D_SAT:
+            _dense_sat(x, w, acc, ls, s, c0, c1, conv, lo, hi, rows, lane)
+        else:
+            _dense_satz(x, w, acc, ls, s, c0, c1, conv, lo, hi, rows, lane)
+
+    @numba.njit(nogil=True)
+    def _products(x, w, acc, n_in, n_out, p, o, nr, lane):
+        """acc[r, :n_out] += the dense products of x[r, :n_in] and ``w`` (flat, n_in x n_out) for
+        the block's ``nr`` rows (4 or 1), in ``lane`` arithmetic, with the record's loop."""
         mode = p[o + _R_MODE]
         # In ``lane`` (exact: see _lane), so that LLVM can keep the loops' arithmetic in it.
         ls, s, c0, c1, conv = lane(p[o + _R_K0]), lane(p[o + _R_K1]), lane(p[o + _R_K2]), lane(p[o + _R_K3]), lane(p[o + _R_K4])
         if n_out == 1 and mode <= _D_ROUNDED:
-            for r in range(len(rows)):
+            for r in range(nr):
                 if mode == _D_PLAIN:
                     acc[r, 0] += _dot_plain(x[r], w, n_in, lane)
                 else:
@@ -746,19 +757,14 @@ if numba is not None:
         w2 = w.reshape((n_in, n_out))
         A = o + _R_A
         lo, hi = lane(p[A + _LO]), lane(p[A + _HI])
-        if mode == _D_PLAIN:
-            _dense_plain(x, w2, acc, rows, lane)
-        elif mode == _D_ROUNDED:
-            _dense_rounded(x, w2, acc, ls, s, c0, c1, conv, rows, lane)
-        elif mode == _D_SAT:
-            _dense_sat(x, w2, acc, ls, s, c0, c1, conv, lo, hi, rows, lane)
+        if nr == 4:
+            _loop(x, w2, acc, mode, ls, s, c0, c1, conv, lo, hi, _BLOCK, lane)
         else:
-            _dense_satz(x, w2, acc, ls, s, c0, c1, conv, lo, hi, rows, lane)
+            _loop(x, w2, acc, mode, ls, s, c0, c1, conv, lo, hi, _ONE, lane)
 
     @numba.njit(nogil=True)
-    def _layer(p, o, d, d32, cur, nxt, acc, cur32, acc32, rows):
-        """One layer for the block's rows: ``cur`` [rows, n_in] to ``nxt`` [rows, n_out]."""
-        nr = len(rows)
+    def _layer(p, o, d, d32, cur, nxt, acc, cur32, acc32, nr):
+        """One layer for the block's ``nr`` rows: ``cur`` [nr, n_in] to ``nxt`` [nr, n_out]."""
         op = p[o + _R_OP]
         n_in = p[o + _R_NIN]
         n_out = p[o + _R_NOUT]
@@ -774,7 +780,7 @@ if numba is not None:
                         cur32[r, i] = np.int32(cur[r, i])
                     for j in range(n_out):
                         acc32[r, j] = np.int32(bias[j])
-                _products(cur32, d32[wo:wo + n_in * n_out], acc32, n_in, n_out, p, o, rows, np.int32)
+                _products(cur32, d32[wo:wo + n_in * n_out], acc32, n_in, n_out, p, o, nr, np.int32)
                 # The wrap of the total, then the cast; ``cur``, read by now, holds the wrapped sums
                 # (a cast in place would not vectorise: LLVM's overlap check fails).
                 if p[o + _R_MODE] <= _D_ROUNDED and p[A + _OVF] != _FIT_NONE:
@@ -786,7 +792,7 @@ if numba is not None:
                 for r in range(nr):
                     for j in range(n_out):
                         acc[r, j] = bias[j]
-                _products(cur, d[wo:wo + n_in * n_out], acc, n_in, n_out, p, o, rows, np.int64)
+                _products(cur, d[wo:wo + n_in * n_out], acc, n_in, n_out, p, o, nr, np.int64)
                 if p[o + _R_MODE] <= _D_ROUNDED and p[A + _OVF] != _FIT_NONE:
                     _cast_into(acc, cur, nr, n_out, p, A)
                     _cast_into(cur, nxt, nr, n_out, p, B)
@@ -835,53 +841,41 @@ if numba is not None:
                     q = ((q + offset + 2147483648) & 0xFFFFFFFF) - 2147483648
                     nxt[r, j] = table[min(max(q, 0), n - 1)]
 
-    @numba.njit(nogil=True)
-    def _block(x, b, p, d, d32, in_scale, out_scale, out, cur, nxt, acc, cur32, acc32, rows):
-        """Every layer for rows ``b .. b + len(rows)`` of ``x``; False as _run_rows."""
-        nr = len(rows)
-        nf = x.shape[1]
-        mode = p[_H_RMODE]
-        lim = 4611686018427387904.0  # 2**62
-        inside = 0
-        for r in range(nr):
-            xr = x[b + r]
-            c = nxt[r]
-            for i in range(nf):  # counted, not an early exit, so that the loop vectorises
-                y = xr[i] * in_scale
-                a = abs(y) < lim  # False for NaN too
-                inside += a
-                c[i] = np.int64(_quantize(y if a else 0.0, mode))
-        if inside != nr * nf:
-            return False
-        _cast_into(nxt, cur, nr, nf, p, _H_FIT)  # the input type's overflow mode
-        n = nf
-        for k in range(p[_H_N]):
-            o = _HEAD + k * _REC
-            _layer(p, o, d, d32, cur, nxt, acc, cur32, acc32, rows)
-            cur, nxt = nxt, cur
-            n = p[o + _R_NOUT]
-        for r in range(nr):
-            for j in range(n):
-                out[b + r, j] = cur[r, j] * out_scale
-        return True
-
     @numba.njit(nogil=True, cache=True)
     def _run_rows(x, p, d, d32, in_scale, out_scale, out):
         """All layers for every row of ``x``; False (nothing meaningful in ``out``) when some input
-        needs the bit-level quantization. Blocks of four rows (_BLOCK) share each pass over a
-        layer's weights; the last rows go one at a time (_ONE), so a lone row computes only itself."""
-        rows = x.shape[0]
+        needs the bit-level quantization. Blocks of four rows share each pass over a layer's
+        weights; the last rows go one at a time, so a lone row computes only itself."""
+        rows, nf = x.shape
         wide = p[_H_WIDE]
-        cur = np.empty((4, wide), dtype=np.int64)
-        nxt = np.empty((4, wide), dtype=np.int64)
-        acc = np.empty((4, wide), dtype=np.int64)
-        cur32 = np.empty((4, wide), dtype=np.int32)
-        acc32 = np.empty((4, wide), dtype=np.int32)
-        full = rows - rows % 4
-        for b in range(0, full, 4):
-            if not _block(x, b, p, d, d32, in_scale, out_scale, out, cur, nxt, acc, cur32, acc32, _BLOCK):
+        mode = p[_H_RMODE]
+        buf = np.empty((3, 4, wide), dtype=np.int64)  # two allocations, not five: a lone row pays each
+        buf32 = np.empty((2, 4, wide), dtype=np.int32)
+        cur, nxt, acc, cur32, acc32 = buf[0], buf[1], buf[2], buf32[0], buf32[1]
+        lim = 4611686018427387904.0  # 2**62
+        b = 0
+        while b < rows:
+            nr = 4 if rows - b >= 4 else 1
+            inside = 0
+            for r in range(nr):
+                xr = x[b + r]
+                c = nxt[r]
+                for i in range(nf):  # counted, not an early exit, so that the loop vectorises
+                    y = xr[i] * in_scale
+                    a = abs(y) < lim  # False for NaN too
+                    inside += a
+                    c[i] = np.int64(_quantize(y if a else 0.0, mode))
+            if inside != nr * nf:
                 return False
-        for b in range(full, rows):
-            if not _block(x, b, p, d, d32, in_scale, out_scale, out, cur, nxt, acc, cur32, acc32, _ONE):
-                return False
+            _cast_into(nxt, cur, nr, nf, p, _H_FIT)  # the input type's overflow mode
+            n = nf
+            for k in range(p[_H_N]):
+                o = _HEAD + k * _REC
+                _layer(p, o, d, d32, cur, nxt, acc, cur32, acc32, nr)
+                cur, nxt = nxt, cur
+                n = p[o + _R_NOUT]
+            for r in range(nr):
+                for j in range(n):
+                    out[b + r, j] = cur[r, j] * out_scale
+            b += nr
         return True
