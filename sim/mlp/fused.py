@@ -1,4 +1,4 @@
-"""The fused, compiled MLP datapath: every layer of one row in one numba call, bit-identical to
+"""The fused, compiled MLP datapath: every layer of every row in one numba call, bit-identical to
 :func:`offload.sim.mlp.reference.forward` (the step-by-step definition, and the oracle in
 ``tests/sim/test_mlp_fused.py``).
 
@@ -10,9 +10,10 @@ across the layer's outputs.
 Why numba and not a g++-built helper: the same reasons as :mod:`offload.sim.embedding.fused`
 (no compiler needed where the wheel is installed, machine code cached on disk with
 ``cache=True``, one Python source); and one kernel serves every model: a spec becomes a
-:class:`Program` (an int64 instruction vector, the weights and tables as one int64 array each), so
+:class:`Program` (an int64 instruction vector; the weights, biases and tables in one int64 array), so
 the kernel compiles once per machine, never per model, for its two signatures (float64 rows and
-outputs, :meth:`Program.run`; FP32 both ways, :meth:`Program.run_fp32`).
+outputs, :meth:`Program.run`; FP32 both ways, :meth:`Program.run_fp32`). (The int32 weights of the
+layers that take int32 lanes are a third array.)
 
 Integer arithmetic throughout. Every cast ``T dst = (T)src`` (product into ``accum_t``, ``accum_t``
 into ``result_t``, ...) is one branch-free rounding step and one fit::
@@ -33,7 +34,11 @@ the sum provably in range, or wrapped once at the end: wrapping every product an
 into W bits is the total modulo 2**W), ``sat`` (``AP_SAT`` / ``AP_SAT_SYM``: clamp every product
 and every partial sum), ``satz`` (``AP_SAT_ZERO``). A layer whose accumulator is ignored (exact
 accumulation, as a distributed-arithmetic strategy does) is a ``plain`` layer with a wide enough
-``accum_t``.
+``accum_t``. Each loop runs in int32 lanes (16 to an AVX-512 vector, the weights stored once as
+int32 in :attr:`Program.data32`) where the program's bounds prove every product and partial sum
+exact in int32, or the accumulator wraps into at most 32 bits (int32's own wrap is then exact), and
+in int64 lanes otherwise: :func:`_lane` decides, in one place. Rows go through the layers in blocks
+of four, so each weight loaded serves four rows; the last rows of a batch go one at a time.
 
 Threads: one (hls4ml's C-simulation is single-threaded, and the service already runs requests
 in parallel). JIT: one kernel for every model; :func:`warm_up` compiles both its signatures or loads them from numba's
