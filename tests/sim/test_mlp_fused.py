@@ -457,10 +457,12 @@ def test_a_program_refuses_rows_of_another_shape():
 
 
 def test_a_program_is_built_only_from_int64_vectors():
-    # Its two vectors go to the compiled entry points unchecked: another dtype, rank or layout is
-    # refused when the program is made, not read as int64 by the kernel.
+    # Its three vectors go to the compiled entry points unchecked: another dtype, rank or layout is
+    # refused when the program is made, not read as int64 (int32 for data32) by the kernel.
     spec, _ = random_spec(7)
     prog = fused.program_for(spec.input_type, spec.layers, spec.tensors())
-    for name, bad in (("prog", prog.prog.astype(np.int32)), ("data", prog.data.reshape(1, -1)), ("data", prog.data[::-1]), ("prog", list(prog.prog))):
-        with pytest.raises(TypeError, match=f"Program.{name}: expected a C-contiguous 1-D int64 array"):
+    for name, bad, dt in (("prog", prog.prog.astype(np.int32), "int64"), ("data", prog.data.reshape(1, -1), "int64"),
+                          ("data", prog.data[::-1], "int64"), ("prog", list(prog.prog), "int64"),
+                          ("data32", prog.data32.astype(np.int64), "int32"), ("data32", np.zeros((2, 2), np.int32), "int32")):
+        with pytest.raises(TypeError, match=f"Program.{name}: expected a C-contiguous 1-D {dt} array"):
             dataclasses.replace(prog, **{name: bad})
