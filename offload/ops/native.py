@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from offload.ops.resident import Resident, on_release
+from offload.ops.resident import Resident, get_resident, on_release
 
 __all__ = ["available", "attach", "cache_dir"]
 
@@ -111,6 +111,11 @@ def attach(res: Resident) -> bool:
 
 
 def _attach(res: Resident) -> bool:
+    # A kernel released before this attach (a first call racing its module's release) gets none:
+    # its entry would outlive the release hook, and the C++ kernel would answer for a released id.
+    if not _resident(res):
+        res.bound[_KEY] = False
+        return False
     entry = res.device.bind_native(res.handle)
     ok = entry is not None and available()
     if ok:
@@ -122,9 +127,19 @@ def _attach(res: Resident) -> bool:
     return ok
 
 
+def _resident(res: Resident) -> bool:
+    try:
+        return get_resident(res.id) is res
+    except KeyError:
+        return False
+
+
 def _detach(res: Resident) -> None:
-    if res.bound.get(_KEY):
-        torch.ops.offload._native_embedding_detach(res.id)
+    # Under the attach lock, and marking the kernel done: an attach after this one sees it released.
+    with _attach_lock:
+        if res.bound.get(_KEY):
+            torch.ops.offload._native_embedding_detach(res.id)
+        res.bound[_KEY] = False
 
 
 on_release(_detach)

@@ -251,3 +251,18 @@ def test_a_float32_module_is_served_from_its_first_lookup():
     bag = torch.nn.EmbeddingBag(60, 8, mode="sum")
     m64 = offload.nn.EmbeddingBag.from_float(bag, fmt="ap_fixed<16,6>", max_bag_size=12, device="sim", dtype=torch.float64)
     assert not _served(lambda: m64(idx, off))
+
+
+def test_an_attach_after_its_kernels_release_leaves_the_id_released():
+    """A first call racing its module's release attaches after the release hook ran: the id must
+    stay released (the Python path's KeyError), never answered by the C++ kernel from an entry no
+    hook will ever detach."""
+    from offload.ops.resident import make_resident
+
+    m = _module()
+    res = make_resident(m._res.kernel, m._res.device)
+    release_resident(res.id)
+    assert not native.attach(res)
+    idx, off = torch.tensor([1, 2, 3]), torch.tensor([0, 1, 3])
+    with pytest.raises(KeyError, match="was its module released"):
+        OP(res.id, idx, off, None, torch.float32)
