@@ -113,7 +113,9 @@ def attach(res: Resident) -> bool:
 def _attach(res: Resident) -> bool:
     # A kernel released before this attach (a first call racing its module's release) gets none:
     # its entry would outlive the release hook, and the C++ kernel would answer for a released id.
-    if not _resident(res):
+    # Where the C++ kernel is off or failed to build, no entry is asked for: making one compiles
+    # the fused kernels' C-ABI wrappers, which nothing would call.
+    if not _resident(res) or _state.get("ok") is False or os.environ.get("OFFLOAD_NATIVE_OPS", "1") == "0":
         res.bound[_KEY] = False
         return False
     entry = res.device.bind_native(res.handle)

@@ -266,3 +266,21 @@ def test_an_attach_after_its_kernels_release_leaves_the_id_released():
     idx, off = torch.tensor([1, 2, 3]), torch.tensor([0, 1, 3])
     with pytest.raises(KeyError, match="was its module released"):
         OP(res.id, idx, off, None, torch.float32)
+
+
+@pytest.mark.parametrize("how", ["unbuilt", "env"])
+def test_no_cpp_kernel_asks_the_device_for_no_entry(how, monkeypatch):
+    """With the C++ kernel off (OFFLOAD_NATIVE_OPS=0) or failed to build, attaching compiles no
+    C-ABI wrappers: the device is not asked for an entry."""
+    from offload.ops.resident import make_resident
+
+    dev = SimDevice()
+    res = make_resident(_module(device=dev)._res.kernel, dev)
+    asked = []
+    monkeypatch.setattr(dev, "bind_native", lambda h: asked.append(h))
+    if how == "unbuilt":
+        monkeypatch.setattr(native, "_state", {"ok": False})
+    else:
+        monkeypatch.setenv("OFFLOAD_NATIVE_OPS", "0")
+    assert not native.attach(res) and asked == []
+    release_resident(res.id)
