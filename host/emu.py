@@ -254,10 +254,10 @@ class EmuDevice(BufferedDevice):
             time.sleep(0)  # a ring being replaced: the new one is a moment away
         layout = ring.layout
         s = (n - 1) % layout.slots
-        slot = ring.base + layout.slot_offset(s)
-        views = ring.views[s]
         try:
             try:
+                slot = ring.base + layout.slot_offset(s)
+                views = ring.views[s]
                 if ring.turn[s] != n:
                     self._wait_turn(st, ring, s, n, deadline, limit, self._what(loaded))
                 for (f, lo, _, _), v, view in zip(st.checks, bufs, views):
