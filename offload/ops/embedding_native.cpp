@@ -21,10 +21,12 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -65,8 +67,19 @@ void attach(int64_t rid, c10::IntArrayRef entry) {
 }
 
 void detach(int64_t rid) {
-  std::unique_lock<std::shared_mutex> lock(g_mutex);
-  g_entries.erase(rid);
+  std::shared_ptr<const Entry> gone;
+  {
+    std::unique_lock<std::shared_mutex> lock(g_mutex);
+    auto it = g_entries.find(rid);
+    if (it == g_entries.end()) return;
+    gone = std::move(it->second);
+    g_entries.erase(it);
+  }
+  // The entry holds raw pointers into arrays Python owns, which may be freed once this returns:
+  // wait for the calls already inside it (each holds a reference only while the C ABI runs, which
+  // takes no lock and no GIL, so this ends).
+  while (gone.use_count() > 1) std::this_thread::yield();
+  std::atomic_thread_fence(std::memory_order_acquire);
 }
 
 at::Tensor python_path(int64_t rid, const at::Tensor& indices, const at::Tensor& offsets,

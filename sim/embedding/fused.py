@@ -748,11 +748,24 @@ def native_entry(p: Plan, tables: Sequence[np.ndarray], params: Sequence[np.ndar
     body = _native_plain if tp.plain else _native_general
     acc = types.int32 if tp.plain and tp.acc32 else types.int64
     t0 = time.perf_counter()
-    address = {}
-    for idx_dt in _INDEX_DTYPES:
-        sig = types.int64(types.CPointer(numba.from_dtype(table.dtype)), types.CPointer(types.int64),
-                          types.CPointer(numba.from_dtype(idx_dt)), types.int64, types.CPointer(types.int64), types.int64,
-                          types.CPointer(types.float32), types.CPointer(acc))
-        address[idx_dt] = numba.cfunc(sig, nogil=True, cache=True)(body).address
+    address = {idx_dt: _cfunc(body, table.dtype, np.dtype(idx_dt), acc).address for idx_dt in _INDEX_DTYPES}
     _jit_total[0] += time.perf_counter() - t0
     return NativeEntry(address, table, ctx, int(table.shape[1]), PARALLEL_MIN)
+
+
+# Every C-ABI function made, by (body, table dtype, index dtype, accumulator type): made once per
+# process, and kept here, since a caller holds only its address (the CFunc object owns the code).
+_CFUNCS: dict = {}
+_CFUNCS_LOCK = threading.Lock()
+
+
+def _cfunc(body, table_dt: np.dtype, idx_dt: np.dtype, acc):
+    key = (body, table_dt, idx_dt, acc)
+    with _CFUNCS_LOCK:
+        f = _CFUNCS.get(key)
+        if f is None:
+            sig = types.int64(types.CPointer(numba.from_dtype(table_dt)), types.CPointer(types.int64),
+                              types.CPointer(numba.from_dtype(idx_dt)), types.int64, types.CPointer(types.int64), types.int64,
+                              types.CPointer(types.float32), types.CPointer(acc))
+            f = _CFUNCS[key] = numba.cfunc(sig, nogil=True, cache=True)(body)
+        return f
