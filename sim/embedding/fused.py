@@ -673,33 +673,33 @@ _N_ALIVE, _N_ROWS, _N_DIM, _N_MAXBAG, _N_F = range(5)
 _N_P = 5  # the table's parameter vector follows
 _N_LEN = _N_P + _P_LEN
 
+if numba is not None:
+
+    @numba.njit(nogil=True)
+    def _native_bags(ctx, off_p, noff, n):
+        """The call's bag count, or -1 where the entry declines it (closed, no offsets, offsets
+        that break a rule): what both C-ABI bodies check before their loop."""
+        if ctx[_N_ALIVE] == 0 or noff < 1 or not offsets_ok(numba.carray(off_p, noff), n, ctx[_N_MAXBAG]):
+            return -1
+        return noff - 1
+
 
 def _native_plain(table_p, ctx_p, idx_p, n, off_p, noff, out_p, acc_p):  # pragma: no cover - compiled
     ctx = numba.carray(ctx_p, _N_LEN)
-    if ctx[_N_ALIVE] == 0 or noff < 1:
-        return 1
-    off = numba.carray(off_p, noff)
-    if not offsets_ok(off, n, ctx[_N_MAXBAG]):
-        return 1
-    B = noff - 1
-    if B == 0:
-        return 0
-    dim = ctx[_N_DIM]
+    B = _native_bags(ctx, off_p, noff, n)
+    if B <= 0:
+        return 0 if B == 0 else 1
+    off, dim = numba.carray(off_p, noff), ctx[_N_DIM]
     return bags_plain(numba.carray(table_p, (ctx[_N_ROWS], dim)), numba.carray(idx_p, n), off, 0, 0, B, ctx[_N_P:],
                       numba.carray(acc_p, dim), numba.carray(out_p, (B, dim)), 0, np.float32(2.0 ** -ctx[_N_F]))
 
 
 def _native_general(table_p, ctx_p, idx_p, n, off_p, noff, out_p, acc_p):  # pragma: no cover - compiled
     ctx = numba.carray(ctx_p, _N_LEN)
-    if ctx[_N_ALIVE] == 0 or noff < 1:
-        return 1
-    off = numba.carray(off_p, noff)
-    if not offsets_ok(off, n, ctx[_N_MAXBAG]):
-        return 1
-    B = noff - 1
-    if B == 0:
-        return 0
-    dim = ctx[_N_DIM]
+    B = _native_bags(ctx, off_p, noff, n)
+    if B <= 0:
+        return 0 if B == 0 else 1
+    off, dim = numba.carray(off_p, noff), ctx[_N_DIM]
     # No row-wise params and no weights: empty views stand in for them, as _EMPTY_PARAMS/_EMPTY_W do.
     return bags_general(numba.carray(table_p, (ctx[_N_ROWS], dim)), numba.carray(ctx_p, (0, 2)), False, numba.carray(idx_p, n),
                         off, numba.carray(ctx_p, 0), False, 0, 0, B, ctx[_N_P:], numba.carray(acc_p, dim),
