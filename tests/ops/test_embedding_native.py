@@ -7,6 +7,8 @@ Which path ran is read from torch's profiler: a call the C++ kernel declines als
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -284,3 +286,48 @@ def test_no_cpp_kernel_asks_the_device_for_no_entry(how, monkeypatch):
         monkeypatch.setenv("OFFLOAD_NATIVE_OPS", "0")
     assert not native.attach(res) and asked == []
     release_resident(res.id)
+
+
+def test_a_release_while_other_threads_look_up_answers_or_refuses_every_call():
+    """Two threads look a kernel up in C++ while the main thread releases it and drops every
+    reference to its device's arrays: each call gives the right rows or the released kernel's
+    KeyError, never rows read from freed memory (detach waits for the calls inside the entry)."""
+    import gc
+    import threading
+
+    dev = SimDevice()
+    m = _module(rows=4000, dim=64, device=dev)
+    rid = m.rid
+    rng = np.random.default_rng(7)
+    idx = torch.from_numpy(rng.integers(0, 4000, 64 * 12))
+    off = torch.arange(65, dtype=torch.int64) * 12
+    want = OP(rid, idx, off, None, torch.float32).clone()
+    assert _served(lambda: OP(rid, idx, off, None, torch.float32))
+    stop, outcomes = threading.Event(), [[], []]
+
+    def look_up(mine):
+        while not stop.is_set():
+            try:
+                mine.append(torch.equal(OP(rid, idx, off, None, torch.float32), want))
+            except KeyError as e:
+                mine.append("released" if "was its module released" in str(e) else repr(e))
+
+    threads = [threading.Thread(target=look_up, args=(o,)) for o in outcomes]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    while min(len(o) for o in outcomes) < 20 and time.monotonic() < start + 30:
+        time.sleep(0.001)
+    del m, dev  # the module's finalizer releases the kernel; nothing else holds its arrays
+    gc.collect()
+    filler = [np.full(4000 * 64, -1, dtype=np.int16) for _ in range(8)]  # reuse what was freed
+    end = time.monotonic() + 30
+    while min(o.count("released") for o in outcomes) < 5 and time.monotonic() < end:
+        time.sleep(0.001)
+    stop.set()
+    for t in threads:
+        t.join(timeout=10)
+    del filler
+    got = [r for o in outcomes for r in o]
+    assert set(got) <= {True, "released"}, sorted(set(map(str, got)))
+    assert got.count(True) >= 40 and got.count("released") >= 10
