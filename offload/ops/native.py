@@ -120,12 +120,18 @@ def _attach(res: Resident) -> bool:
         return False
     entry = res.device.bind_native(res.handle)
     ok = entry is not None and available()
+    res.bound[("native_entry",)] = entry  # keeps the table and ctx the C++ entry points at alive
     if ok:
         torch.ops.offload._native_embedding_attach(res.id, [
             entry.address[np.dtype(np.int64)], entry.address[np.dtype(np.int32)], entry.table.ctypes.data,
             entry.ctx.ctypes.data, entry.dim, entry.serial_max])
+        # Released meanwhile (the release takes the id out of the table, then runs its hooks): its
+        # hook may have run before the entry was there, so this attach removes it itself. Checked
+        # after registering, one of the two always removes it, with no lock the hook must take.
+        if not _resident(res):
+            torch.ops.offload._native_embedding_detach(res.id)
+            ok = False
     res.bound[_KEY] = ok
-    res.bound[("native_entry",)] = entry  # keeps the table and ctx the C++ entry points at alive
     return ok
 
 
@@ -137,11 +143,12 @@ def _resident(res: Resident) -> bool:
 
 
 def _detach(res: Resident) -> None:
-    # Under the attach lock, and marking the kernel done: an attach after this one sees it released.
-    with _attach_lock:
-        if res.bound.get(_KEY):
-            torch.ops.offload._native_embedding_detach(res.id)
-        res.bound[_KEY] = False
+    # No lock: a release can run from a garbage-collector finalizer in the middle of another
+    # kernel's attach on the same thread (which holds the attach lock while numba compiles).
+    # Detaching an id the C++ kernel does not hold does nothing, and an attach racing this release
+    # checks after registering (see _attach).
+    if _state.get("ok"):
+        torch.ops.offload._native_embedding_detach(res.id)
 
 
 on_release(_detach)
