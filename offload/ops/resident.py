@@ -33,7 +33,9 @@ class Resident:
 
 _TABLE: dict[int, Resident] = {}
 _IDS = itertools.count(1)
-_LOCK = threading.Lock()
+# Reentrant: the modules release their kernels from garbage-collector finalizers, which can run
+# on a thread inside this lock (an allocation in make_resident), and a plain lock would wait for itself.
+_LOCK = threading.RLock()
 _ON_RELEASE: list[Callable[["Resident"], None]] = []
 
 

@@ -332,34 +332,3 @@ def test_a_release_while_other_threads_look_up_answers_or_refuses_every_call():
     assert set(got) <= {True, "released"}, sorted(set(map(str, got)))
     assert got.count(True) >= 40 and got.count("released") >= 10
 
-
-def test_a_release_in_the_middle_of_an_attach_on_the_same_thread_does_not_wait_for_it():
-    """A module collected while another is being made (a garbage-collector finalizer runs inside the
-    attach, which holds the attach lock while numba compiles) releases its kernel at once: the
-    release takes no lock the attach holds. Both kernels end as they should: the released one
-    refused, the new one served."""
-    import threading
-
-    from offload.ops.resident import make_resident
-
-    idx, off = torch.tensor([1, 2, 3]), torch.tensor([0, 1, 3])
-    old = _module()
-    assert _served(lambda: OP(old.rid, idx, off, None, torch.float32))
-    dev = SimDevice()
-    res = make_resident(old._res.kernel, dev)
-    bind = dev.bind_native
-
-    def bind_while_collecting(handle):
-        release_resident(old.rid)  # what the old module's finalizer does, here, mid-attach
-        return bind(handle)
-
-    dev.bind_native = bind_while_collecting
-    done = []
-    t = threading.Thread(target=lambda: done.append(native.attach(res)), daemon=True)
-    t.start()
-    t.join(timeout=60)
-    assert done == [True], "the attach did not finish: the release waited for a lock it holds"
-    with pytest.raises(KeyError, match="was its module released"):
-        OP(old.rid, idx, off, None, torch.float32)
-    assert _served(lambda: OP(res.id, idx, off, None, torch.float32))
-    release_resident(res.id)
