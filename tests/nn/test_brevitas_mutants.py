@@ -18,6 +18,7 @@ from brevitas.quant import (  # noqa: E402
     Uint8ActPerTensorFixedPoint,
 )
 
+from _brevitas_util import brevitas_out, calibrated  # noqa: E402
 from offload.nn import MLP  # noqa: E402
 from offload.sim.errors import UnsupportedError  # noqa: E402
 
@@ -30,17 +31,7 @@ class PerChannelFixedPoint(Int8WeightPerTensorFixedPoint):
 
 def _calibrated(net: torch.nn.Sequential, n_in: int, seed: int = 0) -> torch.nn.Sequential:
     torch.manual_seed(seed)
-    net.train()
-    with torch.no_grad():
-        for _ in range(3):
-            net(torch.randn(256, n_in) * 2)
-    return net.eval()
-
-
-def _brevitas(net, x: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        y = net(torch.from_numpy(x).float())
-    return (y.value if hasattr(y, "value") else y).double().numpy().reshape(len(x), -1)
+    return calibrated(net, n_in)
 
 
 def _x(n_in: int, seed: int, n: int = 800) -> np.ndarray:
@@ -59,7 +50,7 @@ def test_per_channel_power_of_two_weight_scales_equal_brevitas_bit_for_bit():
     assert len(set(scales.tolist())) == 3 and scales.max() != 1.0 and np.all(np.log2(scales) == np.round(np.log2(scales)))
     mlp = MLP.from_brevitas(net, device="sim")
     x = _x(6, 1)
-    want = _brevitas(net, x)
+    want = brevitas_out(net, x)
     assert int(np.sum(mlp.simulate(x) != want)) == 0 and len(np.unique(want)) > 10
 
 
@@ -128,4 +119,4 @@ def test_table_bounds_are_the_documented_sum_and_hold(op, span, slope):
     (row,) = [r for r in mlp.brevitas.rows if r.kernel_layer.startswith(op)]
     assert row.table_bound == pytest.approx(span / 1024 * slope + 2.0**-16 + out_lsb, rel=1e-12)
     x = _x(6, 5)
-    assert np.abs(mlp.simulate(x) - _brevitas(net, x)).max() <= row.table_bound
+    assert np.abs(mlp.simulate(x) - brevitas_out(net, x)).max() <= row.table_bound

@@ -22,6 +22,7 @@ from brevitas.quant import (  # noqa: E402
     Uint8ActPerTensorFixedPoint,
 )
 
+from _brevitas_util import brevitas_out, calibrated  # noqa: E402
 from offload.nn import MLP  # noqa: E402
 from offload.sim.errors import UnsupportedError  # noqa: E402
 from offload.sim.fixed import FixedType  # noqa: E402
@@ -42,18 +43,7 @@ def _net(bits: int = 4, bias_quant=Int32Bias, n_in: int = 10, sizes=(16, 8), las
                                   bias_quant=bias_quant, return_quant_tensor=True))
     layers.append(last if last is not None else qnn.QuantIdentity(bit_width=8, act_quant=Int8ActPerTensorFixedPoint,
                                                                   return_quant_tensor=True, **r))
-    net = torch.nn.Sequential(*layers)
-    net.train()
-    with torch.no_grad():  # a few batches set the learned scales' statistics
-        for _ in range(3):
-            net(torch.randn(256, n_in) * 2)
-    return net.eval()
-
-
-def _brevitas(net, x: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        y = net(torch.from_numpy(x).float())
-    return (y.value if hasattr(y, "value") else y).double().numpy().reshape(len(x), -1)
+    return calibrated(torch.nn.Sequential(*layers), n_in)  # a few batches set the learned scales' statistics
 
 
 def _rows(mlp: MLP, n_in: int, rng: np.random.Generator) -> np.ndarray:
@@ -71,7 +61,7 @@ def test_simulate_equals_brevitas_bit_for_bit(bits, rounding):
     mlp = MLP.from_brevitas(net, device="sim")
     assert all(("AP_TRN" if rounding == "floor" else "AP_RND_CONV") in t["result"] for t in mlp.brevitas.types.values() if "weight" not in t)
     x = _rows(mlp, 10, np.random.default_rng(bits))
-    want = _brevitas(net, x)
+    want = brevitas_out(net, x)
     got = mlp.simulate(x)
     assert mlp.brevitas.bit_exact and mlp.brevitas.max_output_deviation == 0.0
     assert int(np.sum(got != want)) == 0
@@ -92,7 +82,7 @@ def test_float_bias_within_the_documented_bound():
     net = _net(4, bias_quant=None, seed=1)
     mlp = MLP.from_brevitas(net, device="sim")
     x = _rows(mlp, 10, np.random.default_rng(7))
-    d = np.abs(mlp.simulate(x) - _brevitas(net, x))
+    d = np.abs(mlp.simulate(x) - brevitas_out(net, x))
     assert not mlp.brevitas.bit_exact and any(r.float_bias for r in mlp.brevitas.rows)
     out_lsb = FixedType.parse(mlp.spec.layers[-1].result).lsb
     assert mlp.brevitas.max_output_deviation == out_lsb
@@ -105,7 +95,7 @@ def test_sigmoid_within_its_table_bound():
     net = _net(6, last=last, seed=2)
     mlp = MLP.from_brevitas(net, device="sim")
     x = _rows(mlp, 10, np.random.default_rng(3))
-    d = np.abs(mlp.simulate(x) - _brevitas(net, x))
+    d = np.abs(mlp.simulate(x) - brevitas_out(net, x))
     bound = mlp.brevitas.max_output_deviation
     assert 0 < bound < 0.05 and d.max() <= bound
 
@@ -146,7 +136,7 @@ def test_hls4ml_csim_equals_simulate(tmp_path):
     model.compile()
     want = np.asarray(model.predict(np.ascontiguousarray(x))).reshape(len(x), -1)
     assert np.array_equal(mlp.simulate(x), want)
-    assert np.array_equal(_brevitas(net, x), want)
+    assert np.array_equal(brevitas_out(net, x), want)
 
 
 @pytest.mark.rtl
@@ -158,4 +148,4 @@ def test_verilator_rtl_equals_simulate(tmp_path, rounding):
     x = _rows(mlp, 6, np.random.default_rng(6))[::5]
     rtl = mlp.to_rtl(str(tmp_path / "rtl"), clock_mhz=300).compile()
     assert np.array_equal(rtl.predict(x), mlp.simulate(x))
-    assert np.array_equal(rtl.predict(x), _brevitas(net, x))
+    assert np.array_equal(rtl.predict(x), brevitas_out(net, x))
